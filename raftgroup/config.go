@@ -1,0 +1,101 @@
+package raftgroup
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Host. Zero fields take their defaults.
+type Config struct {
+	// NodeID is this node's raft ID; required, non-zero.
+	NodeID uint64
+	// TickInterval is the length of one raft tick; default 100ms (etcd's
+	// --heartbeat-interval default).
+	TickInterval time.Duration
+	// ElectionTicks is the election timeout in ticks; default 10 (one second,
+	// etcd's --election-timeout default).
+	ElectionTicks int
+	// HeartbeatTicks is the heartbeat interval in ticks; default 1.
+	HeartbeatTicks int
+	// Workers is the number of worker goroutines driving groups; default 4.
+	// Rounds are mostly waiting on the WAL sync, so a few more workers than
+	// cores keeps the disk busy.
+	Workers int
+	// MaxGroupsPerRound bounds how many groups one worker processes in one
+	// round (one sync); default 64.
+	MaxGroupsPerRound int
+	// MaxSizePerMsg bounds the bytes of entries in one append message;
+	// default 1 MiB.
+	MaxSizePerMsg uint64
+	// MaxInflightMsgs bounds in-flight append messages per follower; default
+	// 256.
+	MaxInflightMsgs int
+	// LogKeepEntries is how many applied entries stay in the log after a
+	// truncation; default 512. TruncateEvery is how many applied entries
+	// beyond that trigger a truncation; default 1024.
+	LogKeepEntries uint64
+	TruncateEvery  uint64
+	// MaxFollowerLag is how many entries a follower may lag before the
+	// leader truncates the log past it regardless; default 100000.
+	MaxFollowerLag uint64
+	// Logger is the structured logger; default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the host's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// EnsureDefaults fills zero fields with defaults.
+func (c *Config) EnsureDefaults() {
+	if c.TickInterval == 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.ElectionTicks == 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks == 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.MaxGroupsPerRound == 0 {
+		c.MaxGroupsPerRound = 64
+	}
+	if c.MaxSizePerMsg == 0 {
+		c.MaxSizePerMsg = 1 << 20
+	}
+	if c.MaxInflightMsgs == 0 {
+		c.MaxInflightMsgs = 256
+	}
+	if c.LogKeepEntries == 0 {
+		c.LogKeepEntries = 512
+	}
+	if c.TruncateEvery == 0 {
+		c.TruncateEvery = 1024
+	}
+	if c.MaxFollowerLag == 0 {
+		c.MaxFollowerLag = 100000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeID == 0 {
+		errs = append(errs, errors.New("raftgroup: NodeID must be non-zero"))
+	}
+	if c.HeartbeatTicks >= c.ElectionTicks {
+		errs = append(errs, fmt.Errorf("raftgroup: HeartbeatTicks (%d) must be less than ElectionTicks (%d)", c.HeartbeatTicks, c.ElectionTicks))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("raftgroup: Workers (%d) must be positive", c.Workers))
+	}
+	return errors.Join(errs...)
+}

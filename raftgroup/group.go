@@ -1,0 +1,268 @@
+package raftgroup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Errors returned to proposers.
+var (
+	// ErrNotLeader: this replica is not the leader; the command was not
+	// proposed and will not apply.
+	ErrNotLeader = errors.New("raftgroup: not leader")
+	// ErrLeaderChanged: leadership changed while the command was in flight;
+	// it may or may not apply.
+	ErrLeaderChanged = errors.New("raftgroup: leader changed")
+	// ErrStopped: the host is stopping.
+	ErrStopped = errors.New("raftgroup: stopped")
+)
+
+// StateMachine is a group's replicated state machine.
+type StateMachine interface {
+	// Apply applies one committed command. It must be deterministic: a pure
+	// function of the state visible through ac.Batch and of (e.Index,
+	// e.Term, cmd). It runs on a worker goroutine; it must not block on
+	// other groups. Its result goes to the proposer, if it is on this node.
+	Apply(ac *ApplyContext, e *raftpb.Entry, cmd []byte) any
+}
+
+// LeadershipObserver is optionally implemented by a StateMachine to learn
+// when this replica becomes a leader ready to serve (it has applied an entry
+// of its own term, so its state includes every entry committed by earlier
+// leaders) and when it stops being leader. Called on the worker goroutine.
+type LeadershipObserver interface {
+	LeadershipChanged(leader bool, term uint64)
+}
+
+// ApplyContext is handed to StateMachine.Apply for one round.
+type ApplyContext struct {
+	// Batch is an indexed batch: reads through it see the writes of earlier
+	// entries in the same round. It is committed after the round's entries
+	// of every group are applied.
+	Batch *pebble.Batch
+	post  []func()
+}
+
+// AfterCommit registers f to run once Batch is committed, in registration
+// order, before proposers are woken.
+func (ac *ApplyContext) AfterCommit(f func()) { ac.post = append(ac.post, f) }
+
+// Status is a snapshot of a group's raft state.
+type Status struct {
+	ID          uint64
+	Term        uint64
+	Lead        uint64
+	IsLeader    bool
+	LeaderReady bool
+	Commit      uint64
+	Applied     uint64
+	Voters      []uint64
+}
+
+// Group is one raft group hosted on this node.
+type Group struct {
+	id   uint64
+	host *Host
+	sm   StateMachine
+	ms   *raft.MemoryStorage
+
+	// Owned by the worker currently processing the group (the scheduler
+	// guarantees at most one): the RawNode and the bookkeeping beside it.
+	rn          *raft.RawNode
+	lastIndex   uint64
+	firstIndex  uint64
+	prevHard    raftpb.HardState
+	conf        raftpb.ConfState
+	applied     uint64
+	appliedTerm uint64
+	lead        uint64
+	term        uint64
+	isLeader    bool
+	leaderReady bool
+
+	inbox struct {
+		sync.Mutex
+		msgs     []raftpb.Message // protected by inbox
+		props    []pendingProp    // protected by inbox
+		ticks    int              // protected by inbox
+		campaign bool             // protected by inbox
+		transfer uint64           // protected by inbox
+	}
+	waiters struct {
+		sync.Mutex
+		m map[uint64]*waiter // protected by waiters
+	}
+	status atomic.Pointer[Status]
+}
+
+type pendingProp struct {
+	data []byte
+	id   uint64
+}
+
+type waiter struct {
+	done   chan struct{}
+	result any
+	err    error
+	cb     func(result any, err error)
+}
+
+func (w *waiter) finish(result any, err error) {
+	w.result, w.err = result, err
+	if w.cb != nil {
+		w.cb(result, err)
+		return
+	}
+	close(w.done)
+}
+
+// Entry data header: version byte + BE64 proposal ID.
+const (
+	entryVersion   = 1
+	entryHeaderLen = 9
+)
+
+func encodeEntry(id uint64, cmd []byte) []byte {
+	b := make([]byte, entryHeaderLen, entryHeaderLen+len(cmd))
+	b[0] = entryVersion
+	binary.BigEndian.PutUint64(b[1:], id)
+	return append(b, cmd...)
+}
+
+func decodeEntry(data []byte) (id uint64, cmd []byte, ok bool) {
+	if len(data) < entryHeaderLen || data[0] != entryVersion {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint64(data[1:]), data[entryHeaderLen:], true
+}
+
+// ID returns the group ID.
+func (g *Group) ID() uint64 { return g.id }
+
+// Status returns the group's status as of the end of its last round.
+func (g *Group) Status() Status {
+	if s := g.status.Load(); s != nil {
+		return *s
+	}
+	return Status{ID: g.id}
+}
+
+// Propose proposes cmd and waits until it is applied on this replica,
+// returning the state machine's result. If ctx ends first the command may
+// still apply later.
+func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
+	w := &waiter{done: make(chan struct{})}
+	g.enqueueProposal(cmd, w)
+	select {
+	case <-w.done:
+		return w.result, w.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// ProposeAsync proposes cmd; cb runs on a worker goroutine once the command
+// is applied or has failed. cb must not block.
+func (g *Group) ProposeAsync(cmd []byte, cb func(result any, err error)) {
+	g.enqueueProposal(cmd, &waiter{cb: cb})
+}
+
+func (g *Group) enqueueProposal(cmd []byte, w *waiter) {
+	id := g.host.nextProposalID()
+	g.waiters.Lock()
+	g.waiters.m[id] = w
+	g.waiters.Unlock()
+	g.inbox.Lock()
+	g.inbox.props = append(g.inbox.props, pendingProp{data: encodeEntry(id, cmd), id: id})
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+// Campaign asks this replica to start an election.
+func (g *Group) Campaign() {
+	g.inbox.Lock()
+	g.inbox.campaign = true
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+// TransferLeadership asks the leader to hand leadership to node to.
+func (g *Group) TransferLeadership(to uint64) {
+	g.inbox.Lock()
+	g.inbox.transfer = to
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+func (g *Group) takeWaiter(id uint64) *waiter {
+	g.waiters.Lock()
+	w := g.waiters.m[id]
+	delete(g.waiters.m, id)
+	g.waiters.Unlock()
+	return w
+}
+
+func (g *Group) failAllWaiters(err error) {
+	g.waiters.Lock()
+	ws := g.waiters.m
+	g.waiters.m = make(map[uint64]*waiter)
+	g.waiters.Unlock()
+	for _, w := range ws {
+		w.finish(nil, err)
+	}
+}
+
+// drainInbox feeds queued work into the RawNode. Worker-owned.
+func (g *Group) drainInbox() {
+	g.inbox.Lock()
+	msgs, props, ticks := g.inbox.msgs, g.inbox.props, g.inbox.ticks
+	campaign, transfer := g.inbox.campaign, g.inbox.transfer
+	g.inbox.msgs, g.inbox.props, g.inbox.ticks = nil, nil, 0
+	g.inbox.campaign, g.inbox.transfer = false, 0
+	g.inbox.Unlock()
+
+	for i := 0; i < ticks; i++ {
+		g.rn.Tick()
+	}
+	if campaign {
+		_ = g.rn.Campaign()
+	}
+	if transfer != 0 {
+		g.rn.TransferLeader(transfer)
+	}
+	for i := range msgs {
+		// Errors here are messages from unknown peers or stale terms;
+		// raft has already dropped them.
+		_ = g.rn.Step(msgs[i])
+	}
+	for _, p := range props {
+		if err := g.rn.Propose(p.data); err != nil {
+			g.host.metrics.proposalsDropped.Inc()
+			if w := g.takeWaiter(p.id); w != nil {
+				w.finish(nil, ErrNotLeader)
+			}
+			continue
+		}
+		g.host.metrics.proposals.Inc()
+	}
+}
+
+func (g *Group) publishStatus() {
+	g.status.Store(&Status{
+		ID:          g.id,
+		Term:        g.term,
+		Lead:        g.lead,
+		IsLeader:    g.isLeader,
+		LeaderReady: g.leaderReady,
+		Commit:      g.prevHard.Commit,
+		Applied:     g.applied,
+		Voters:      append([]uint64(nil), g.conf.Voters...),
+	})
+}

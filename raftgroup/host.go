@@ -1,0 +1,501 @@
+package raftgroup
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Host runs every raft group of one node.
+type Host struct {
+	cfg       Config
+	db        *pebble.DB
+	transport Transport
+	sched     *scheduler
+	metrics   *metrics
+	log       *slog.Logger
+
+	nonce uint64
+	seq   atomic.Uint64
+
+	mu struct {
+		sync.RWMutex
+		groups map[uint64]*Group // protected by mu
+	}
+	stopOnce sync.Once
+	stopc    chan struct{}
+	wg       sync.WaitGroup
+
+	// fatal is called on a non-deterministic failure (a failed write); the
+	// node must stop. Tests replace it.
+	fatal func(error)
+}
+
+// NewHost creates a host over db. t may be nil for a node whose groups all
+// have a single replica.
+func NewHost(cfg Config, db *pebble.DB, t Transport) (*Host, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if t == nil {
+		t = nopTransport{}
+	}
+	h := &Host{
+		cfg:       cfg,
+		db:        db,
+		transport: t,
+		sched:     newScheduler(),
+		metrics:   newMetrics(cfg.Registerer),
+		log:       cfg.Logger.With("component", "raftgroup"),
+		// Proposal IDs are unique per process: a random high part per start
+		// keeps an entry proposed before a restart from waking a waiter
+		// created after it.
+		nonce: rand.Uint64() << 40,
+		stopc: make(chan struct{}),
+	}
+	h.mu.groups = make(map[uint64]*Group)
+	h.fatal = func(err error) {
+		h.log.Error("fatal storage error; stopping", "err", err)
+		panic(err)
+	}
+	return h, nil
+}
+
+func (h *Host) nextProposalID() uint64 {
+	return h.nonce | (h.seq.Add(1) & (1<<40 - 1))
+}
+
+// Start launches the workers and the ticker.
+func (h *Host) Start() {
+	for i := 0; i < h.cfg.Workers; i++ {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.runWorker()
+		}()
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.runTicker()
+	}()
+}
+
+// Stop stops the workers. Waiting proposers get ErrStopped.
+func (h *Host) Stop() {
+	h.stopOnce.Do(func() {
+		close(h.stopc)
+		h.sched.stop()
+		h.wg.Wait()
+		h.mu.RLock()
+		for _, g := range h.mu.groups {
+			g.failAllWaiters(ErrStopped)
+		}
+		h.mu.RUnlock()
+	})
+}
+
+// Group returns the hosted group with the given ID, or nil.
+func (h *Host) Group(id uint64) *Group {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.mu.groups[id]
+}
+
+// CreateGroup starts hosting group id. If the group has no persisted state
+// it is bootstrapped with the given voters (which must include this node);
+// otherwise voters is ignored and the group recovers from its log.
+// A group whose only voter is this node campaigns at once.
+func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.mu.groups[id]; ok {
+		return nil, fmt.Errorf("raftgroup: group %d already exists", id)
+	}
+	st, err := loadState(h.db, id)
+	if err != nil {
+		return nil, err
+	}
+	if !st.exists {
+		b := h.db.NewBatch()
+		if err := writeBootstrap(b, id, voters); err != nil {
+			return nil, err
+		}
+		if err := b.Commit(pebble.Sync); err != nil {
+			return nil, fmt.Errorf("raftgroup: bootstrap group %d: %w", id, err)
+		}
+		if st, err = loadState(h.db, id); err != nil {
+			return nil, err
+		}
+	}
+	ms, err := newMemoryStorage(st)
+	if err != nil {
+		return nil, err
+	}
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID:                        h.cfg.NodeID,
+		ElectionTick:              h.cfg.ElectionTicks,
+		HeartbeatTick:             h.cfg.HeartbeatTicks,
+		Storage:                   ms,
+		Applied:                   st.applied,
+		MaxSizePerMsg:             h.cfg.MaxSizePerMsg,
+		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
+		MaxUncommittedEntriesSize: 1 << 30,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
+		Logger:                    raftLogger{h.log.With("group", id)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: group %d: %w", id, err)
+	}
+	g := &Group{
+		id: id, host: h, sm: sm, ms: ms, rn: rn,
+		prevHard:    st.hard,
+		conf:        st.conf,
+		applied:     st.applied,
+		firstIndex:  st.truncIdx + 1,
+		lastIndex:   st.truncIdx + uint64(len(st.entries)),
+		appliedTerm: 0,
+		term:        st.hard.Term,
+	}
+	g.waiters.m = make(map[uint64]*waiter)
+	g.publishStatus()
+	h.mu.groups[id] = g
+	if len(st.conf.Voters) == 1 && st.conf.Voters[0] == h.cfg.NodeID {
+		g.inbox.campaign = true
+	}
+	h.sched.enqueue(g)
+	return g, nil
+}
+
+func (h *Host) runTicker() {
+	t := time.NewTicker(h.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stopc:
+			return
+		case <-t.C:
+		}
+		h.mu.RLock()
+		for _, g := range h.mu.groups {
+			g.inbox.Lock()
+			g.inbox.ticks++
+			g.inbox.Unlock()
+			h.sched.enqueue(g)
+		}
+		h.mu.RUnlock()
+	}
+}
+
+// Deliver hands inbound raft messages to their groups. Messages for groups
+// not hosted here are dropped.
+func (h *Host) Deliver(msgs []GroupMessage) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, m := range msgs {
+		g := h.mu.groups[m.Group]
+		if g == nil {
+			continue
+		}
+		g.inbox.Lock()
+		g.inbox.msgs = append(g.inbox.msgs, m.Msg)
+		g.inbox.Unlock()
+		h.sched.enqueue(g)
+	}
+}
+
+func (h *Host) runWorker() {
+	buf := make([]*Group, 0, h.cfg.MaxGroupsPerRound)
+	for {
+		gs := h.sched.take(h.cfg.MaxGroupsPerRound, buf)
+		if gs == nil {
+			return
+		}
+		h.processRound(gs)
+		for _, g := range gs {
+			h.sched.done(g, g.rn.HasReady())
+		}
+	}
+}
+
+type readyItem struct {
+	g  *Group
+	rd raft.Ready
+}
+
+// processRound runs steps 1-6 of the package documentation for gs.
+func (h *Host) processRound(gs []*Group) {
+	items := make([]readyItem, 0, len(gs))
+	for _, g := range gs {
+		g.drainInbox()
+		if g.rn.HasReady() {
+			items = append(items, readyItem{g: g, rd: g.rn.Ready()})
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	h.metrics.roundGroups.Observe(float64(len(items)))
+
+	// Step 2: persist every group's entries and hard state in one batch.
+	wb := h.db.NewBatch()
+	mustSync := false
+	for i := range items {
+		it := &items[i]
+		if !raft.IsEmptySnap(it.rd.Snapshot) {
+			h.fatal(fmt.Errorf("raftgroup: group %d: receiving snapshots is not supported yet", it.g.id))
+			return
+		}
+		if err := appendReady(wb, it.g.id, &it.rd, it.g.lastIndex); err != nil {
+			h.fatal(err)
+			return
+		}
+		if raft.MustSync(it.rd.HardState, it.g.prevHard, len(it.rd.Entries)) {
+			mustSync = true
+		}
+	}
+	if !wb.Empty() {
+		start := time.Now()
+		opt := pebble.NoSync
+		if mustSync {
+			opt = pebble.Sync
+		}
+		if err := wb.Commit(opt); err != nil {
+			h.fatal(fmt.Errorf("raftgroup: append log: %w", err))
+			return
+		}
+		if mustSync {
+			h.metrics.logSync.Observe(time.Since(start).Seconds())
+		}
+	}
+	_ = wb.Close()
+	for i := range items {
+		g, rd := items[i].g, &items[i].rd
+		if len(rd.Entries) > 0 {
+			if err := g.ms.Append(rd.Entries); err != nil {
+				h.fatal(err)
+				return
+			}
+			g.lastIndex = rd.Entries[len(rd.Entries)-1].Index
+		}
+		if !raft.IsEmptyHardState(rd.HardState) {
+			_ = g.ms.SetHardState(rd.HardState)
+			g.prevHard = rd.HardState
+			g.term = rd.HardState.Term
+		}
+		if rd.SoftState != nil {
+			g.lead = rd.SoftState.Lead
+			wasLeader := g.isLeader
+			g.isLeader = rd.SoftState.RaftState == raft.StateLeader
+			if wasLeader && !g.isLeader {
+				g.leaderReady = false
+				g.failAllWaiters(ErrLeaderChanged)
+				if o, ok := g.sm.(LeadershipObserver); ok {
+					o.LeadershipChanged(false, g.term)
+				}
+			}
+		}
+	}
+
+	// Step 3: send messages, batched per destination.
+	h.sendMessages(items)
+
+	// Steps 4 and 5: apply.
+	h.applyRound(items)
+
+	// Step 6.
+	for i := range items {
+		items[i].g.rn.Advance(items[i].rd)
+		items[i].g.publishStatus()
+	}
+}
+
+func (h *Host) sendMessages(items []readyItem) {
+	var byDest map[uint64][]GroupMessage
+	for i := range items {
+		for _, m := range items[i].rd.Messages {
+			if byDest == nil {
+				byDest = make(map[uint64][]GroupMessage)
+			}
+			byDest[m.To] = append(byDest[m.To], GroupMessage{Group: items[i].g.id, Msg: m})
+		}
+	}
+	for to, msgs := range byDest {
+		h.transport.Send(to, msgs)
+	}
+}
+
+type delivery struct {
+	w      *waiter
+	result any
+}
+
+func (h *Host) applyRound(items []readyItem) {
+	n := 0
+	for i := range items {
+		n += len(items[i].rd.CommittedEntries)
+	}
+	if n == 0 {
+		return
+	}
+	ab := h.db.NewIndexedBatch()
+	defer ab.Close()
+	ac := &ApplyContext{Batch: ab}
+	var deliveries []delivery
+	var truncations []func()
+	for i := range items {
+		g, rd := items[i].g, &items[i].rd
+		if len(rd.CommittedEntries) == 0 {
+			continue
+		}
+		for j := range rd.CommittedEntries {
+			e := &rd.CommittedEntries[j]
+			switch e.Type {
+			case raftpb.EntryNormal:
+				if len(e.Data) == 0 {
+					break // a new leader's empty entry
+				}
+				id, cmd, ok := decodeEntry(e.Data)
+				if !ok {
+					h.fatal(fmt.Errorf("raftgroup: group %d: entry %d has an unknown format", g.id, e.Index))
+					return
+				}
+				res := g.sm.Apply(ac, e, cmd)
+				if id != 0 {
+					if w := g.takeWaiter(id); w != nil {
+						deliveries = append(deliveries, delivery{w, res})
+					}
+				}
+			case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+				cc, err := raftpb.ConfChangeI(nil), error(nil)
+				if e.Type == raftpb.EntryConfChange {
+					var c raftpb.ConfChange
+					err, cc = c.Unmarshal(e.Data), c
+				} else {
+					var c raftpb.ConfChangeV2
+					err, cc = c.Unmarshal(e.Data), c
+				}
+				if err != nil {
+					h.fatal(fmt.Errorf("raftgroup: group %d: corrupt conf change at %d: %w", g.id, e.Index, err))
+					return
+				}
+				cs := g.rn.ApplyConfChange(cc)
+				g.conf = *cs
+				if err := setProto(ab, raftKey(g.id, kindConfState), cs); err != nil {
+					h.fatal(err)
+					return
+				}
+			}
+			g.applied, g.appliedTerm = e.Index, e.Term
+		}
+		if err := setApplied(ab, g.id, g.applied); err != nil {
+			h.fatal(err)
+			return
+		}
+		h.metrics.applied.Add(float64(len(rd.CommittedEntries)))
+		if t := h.maybeTruncate(ab, g); t != nil {
+			truncations = append(truncations, t)
+		}
+	}
+	if err := ab.Commit(pebble.NoSync); err != nil {
+		h.fatal(fmt.Errorf("raftgroup: apply: %w", err))
+		return
+	}
+	for _, t := range truncations {
+		t()
+	}
+	for _, f := range ac.post {
+		f()
+	}
+	for _, d := range deliveries {
+		d.w.finish(d.result, nil)
+	}
+	// Leader readiness: a leader serves once it has applied an entry of its
+	// own term, since then it has applied everything earlier leaders
+	// committed.
+	for i := range items {
+		g := items[i].g
+		if g.isLeader && !g.leaderReady && g.appliedTerm == g.term {
+			g.leaderReady = true
+			if o, ok := g.sm.(LeadershipObserver); ok {
+				o.LeadershipChanged(true, g.term)
+			}
+		}
+	}
+}
+
+// maybeTruncate deletes applied log entries beyond LogKeepEntries once
+// TruncateEvery more have accumulated. A leader keeps what its followers
+// still need.
+func (h *Host) maybeTruncate(ab *pebble.Batch, g *Group) func() {
+	if g.applied < g.firstIndex+h.cfg.LogKeepEntries+h.cfg.TruncateEvery {
+		return nil
+	}
+	idx := g.applied - h.cfg.LogKeepEntries
+	if g.isLeader {
+		// Keep what followers still need, including followers whose progress
+		// a new leader does not know yet (Match 0), unless a follower is so
+		// far behind that it will need a snapshot anyway.
+		st := g.rn.Status()
+		for id, pr := range st.Progress {
+			if id == h.cfg.NodeID || g.applied-pr.Match > h.cfg.MaxFollowerLag {
+				continue
+			}
+			if pr.Match < idx {
+				idx = pr.Match
+			}
+		}
+	}
+	if idx < g.firstIndex {
+		return nil
+	}
+	term, err := g.ms.Term(idx)
+	if err != nil {
+		return nil
+	}
+	if err := ab.DeleteRange(logKey(g.id, g.firstIndex), logKey(g.id, idx+1), nil); err != nil {
+		h.fatal(err)
+		return nil
+	}
+	if err := setTruncated(ab, g.id, idx, term); err != nil {
+		h.fatal(err)
+		return nil
+	}
+	return func() {
+		_ = g.ms.Compact(idx)
+		g.firstIndex = idx + 1
+	}
+}
+
+type raftLogger struct{ l *slog.Logger }
+
+func (r raftLogger) Debug(v ...interface{})                 { r.l.Debug(fmt.Sprint(v...)) }
+func (r raftLogger) Debugf(format string, v ...interface{}) { r.l.Debug(fmt.Sprintf(format, v...)) }
+func (r raftLogger) Error(v ...interface{})                 { r.l.Error(fmt.Sprint(v...)) }
+func (r raftLogger) Errorf(format string, v ...interface{}) { r.l.Error(fmt.Sprintf(format, v...)) }
+func (r raftLogger) Info(v ...interface{})                  { r.l.Debug(fmt.Sprint(v...)) }
+func (r raftLogger) Infof(format string, v ...interface{})  { r.l.Debug(fmt.Sprintf(format, v...)) }
+func (r raftLogger) Warning(v ...interface{})               { r.l.Warn(fmt.Sprint(v...)) }
+func (r raftLogger) Warningf(format string, v ...interface{}) {
+	r.l.Warn(fmt.Sprintf(format, v...))
+}
+func (r raftLogger) Fatal(v ...interface{}) { r.l.Error(fmt.Sprint(v...)); panic(fmt.Sprint(v...)) }
+func (r raftLogger) Fatalf(format string, v ...interface{}) {
+	r.l.Error(fmt.Sprintf(format, v...))
+	panic(fmt.Sprintf(format, v...))
+}
+func (r raftLogger) Panic(v ...interface{}) { panic(fmt.Sprint(v...)) }
+func (r raftLogger) Panicf(format string, v ...interface{}) {
+	panic(fmt.Sprintf(format, v...))
+}

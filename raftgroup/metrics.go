@@ -1,0 +1,37 @@
+package raftgroup
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	proposals        prometheus.Counter
+	proposalsDropped prometheus.Counter
+	applied          prometheus.Counter
+	roundGroups      prometheus.Histogram
+	logSync          prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		proposals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_proposals_total", Help: "Raft proposals handed to leaders.",
+		}),
+		proposalsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_proposals_dropped_total", Help: "Raft proposals dropped (not leader).",
+		}),
+		applied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_applied_entries_total", Help: "Committed raft entries applied.",
+		}),
+		roundGroups: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "brain_raft_round_groups", Help: "Groups with a Ready processed in one worker round (one sync).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
+		logSync: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "brain_raft_log_sync_seconds", Help: "Latency of one synced raft log batch commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync)
+	}
+	return m
+}

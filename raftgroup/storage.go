@@ -1,0 +1,201 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/brainkv/brain/engine"
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// InitialIndex and InitialTerm are the synthetic truncated state every new
+// group starts from (as CockroachDB's raftInitialLogIndex): the log is empty
+// up to InitialIndex, and the initial voters are the conf state at that
+// point, so all replicas of a group agree on the log from the start.
+const (
+	InitialIndex = 5
+	InitialTerm  = 5
+)
+
+// Raft keys: RaftPrefix + BE64(group) + kind [+ BE64(index)].
+const (
+	kindLog       = 'l'
+	kindHardState = 'h'
+	kindTruncated = 't'
+	kindConfState = 'c'
+	kindApplied   = 'a'
+)
+
+func raftKey(group uint64, kind byte) []byte {
+	k := make([]byte, 0, 18)
+	k = append(k, engine.RaftPrefix)
+	k = engine.PutUint64(k, group)
+	return append(k, kind)
+}
+
+func logKey(group, index uint64) []byte {
+	return engine.PutUint64(raftKey(group, kindLog), index)
+}
+
+// groupSpan returns the span of every raft key of group.
+func groupSpan(group uint64) (start, end []byte) {
+	start = append([]byte{engine.RaftPrefix}, engine.PutUint64(nil, group)...)
+	return start, engine.PrefixEnd(start)
+}
+
+// persistedState is what a group loads on restart.
+type persistedState struct {
+	hard      raftpb.HardState
+	conf      raftpb.ConfState
+	truncIdx  uint64
+	truncTerm uint64
+	applied   uint64
+	entries   []raftpb.Entry
+	exists    bool
+}
+
+func getProto(r pebble.Reader, key []byte, m interface{ Unmarshal([]byte) error }) (bool, error) {
+	v, closer, err := r.Get(key)
+	if err == pebble.ErrNotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	return true, m.Unmarshal(v)
+}
+
+func loadState(db *pebble.DB, group uint64) (*persistedState, error) {
+	st := &persistedState{}
+	ok, err := getProto(db, raftKey(group, kindHardState), &st.hard)
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: load hard state of group %d: %w", group, err)
+	}
+	st.exists = ok
+	if !ok {
+		return st, nil
+	}
+	if _, err := getProto(db, raftKey(group, kindConfState), &st.conf); err != nil {
+		return nil, fmt.Errorf("raftgroup: load conf state of group %d: %w", group, err)
+	}
+	if v, closer, err := db.Get(raftKey(group, kindTruncated)); err == nil {
+		st.truncIdx = binary.BigEndian.Uint64(v[0:8])
+		st.truncTerm = binary.BigEndian.Uint64(v[8:16])
+		closer.Close()
+	} else {
+		return nil, fmt.Errorf("raftgroup: load truncated state of group %d: %w", group, err)
+	}
+	if v, closer, err := db.Get(raftKey(group, kindApplied)); err == nil {
+		st.applied = binary.BigEndian.Uint64(v)
+		closer.Close()
+	} else if err != pebble.ErrNotFound {
+		return nil, err
+	}
+	iter, err := db.NewIter(&pebble.IterOptions{
+		LowerBound: logKey(group, st.truncIdx+1),
+		UpperBound: engine.PrefixEnd(raftKey(group, kindLog)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer iter.Close()
+	next := st.truncIdx + 1
+	for iter.First(); iter.Valid(); iter.Next() {
+		var e raftpb.Entry
+		if err := e.Unmarshal(iter.Value()); err != nil {
+			return nil, fmt.Errorf("raftgroup: group %d: corrupt log entry: %w", group, err)
+		}
+		if e.Index != next {
+			return nil, fmt.Errorf("raftgroup: group %d: log gap: want index %d, found %d", group, next, e.Index)
+		}
+		next++
+		st.entries = append(st.entries, e)
+	}
+	return st, iter.Error()
+}
+
+// writeBootstrap writes the initial persisted state of a new group.
+func writeBootstrap(b *pebble.Batch, group uint64, voters []uint64) error {
+	hs := raftpb.HardState{Term: InitialTerm, Commit: InitialIndex}
+	cs := raftpb.ConfState{Voters: voters}
+	if err := setProto(b, raftKey(group, kindHardState), &hs); err != nil {
+		return err
+	}
+	if err := setProto(b, raftKey(group, kindConfState), &cs); err != nil {
+		return err
+	}
+	if err := setTruncated(b, group, InitialIndex, InitialTerm); err != nil {
+		return err
+	}
+	return setApplied(b, group, InitialIndex)
+}
+
+func setProto(b *pebble.Batch, key []byte, m interface{ Marshal() ([]byte, error) }) error {
+	v, err := m.Marshal()
+	if err != nil {
+		return err
+	}
+	return b.Set(key, v, nil)
+}
+
+func setTruncated(b *pebble.Batch, group, index, term uint64) error {
+	v := engine.PutUint64(engine.PutUint64(nil, index), term)
+	return b.Set(raftKey(group, kindTruncated), v, nil)
+}
+
+func setApplied(b *pebble.Batch, group, index uint64) error {
+	return b.Set(raftKey(group, kindApplied), engine.PutUint64(nil, index), nil)
+}
+
+// appendReady writes a Ready's entries and hard state to b. lastIndex is the
+// group's last log index before this Ready; entries that overwrite a suffix
+// of the log delete the rest of the old suffix.
+func appendReady(b *pebble.Batch, group uint64, rd *raft.Ready, lastIndex uint64) error {
+	for i := range rd.Entries {
+		e := &rd.Entries[i]
+		v, err := e.Marshal()
+		if err != nil {
+			return err
+		}
+		if err := b.Set(logKey(group, e.Index), v, nil); err != nil {
+			return err
+		}
+	}
+	if n := len(rd.Entries); n > 0 {
+		last := rd.Entries[n-1].Index
+		if last < lastIndex {
+			if err := b.DeleteRange(logKey(group, last+1), logKey(group, lastIndex+1), nil); err != nil {
+				return err
+			}
+		}
+	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		if err := setProto(b, raftKey(group, kindHardState), &rd.HardState); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newMemoryStorage rebuilds a group's in-memory log from its persisted state.
+func newMemoryStorage(st *persistedState) (*raft.MemoryStorage, error) {
+	ms := raft.NewMemoryStorage()
+	snap := raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{
+		Index: st.truncIdx, Term: st.truncTerm, ConfState: st.conf,
+	}}
+	if err := ms.ApplySnapshot(snap); err != nil {
+		return nil, err
+	}
+	if err := ms.SetHardState(st.hard); err != nil {
+		return nil, err
+	}
+	if len(st.entries) > 0 {
+		if err := ms.Append(st.entries); err != nil {
+			return nil, err
+		}
+	}
+	return ms, nil
+}
