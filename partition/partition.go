@@ -1,0 +1,529 @@
+package partition
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/brainkv/brain/raftgroup"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// Errors of the write path.
+var (
+	// ErrNotLeader: this replica cannot evaluate writes.
+	ErrNotLeader = errors.New("partition: not leader")
+	// ErrLeaderChanged: the write may or may not have applied.
+	ErrLeaderChanged = errors.New("partition: leader changed")
+	// ErrOutsideRange: a key is not in this partition's span.
+	ErrOutsideRange = errors.New("partition: key outside partition range")
+)
+
+// Revisions is the partition's view of the TSO.
+type Revisions interface {
+	// Current returns the highest revision issued so far.
+	Current() int64
+	// Next issues n consecutive revisions and returns the first.
+	Next(ctx context.Context, n int64) (int64, error)
+}
+
+// Leases tells evaluation whether a lease may be attached to a key.
+type Leases interface {
+	// LeaseUsable reports whether lease id exists and is not being revoked.
+	LeaseUsable(id int64) bool
+}
+
+// RevEvents is the events of one revision, in the order of the ops that
+// made them.
+type RevEvents struct {
+	Rev    int64
+	Events []*mvccpb.Event
+}
+
+// Feed receives what a partition applies, in apply order, once it is
+// committed to Pebble: at most one revision of events (Rev 0 when none) and
+// the partition's closed revision after it. Publish runs on a raft worker
+// and must not block.
+type Feed interface {
+	Publish(partition uint64, evs RevEvents, closed int64)
+}
+
+// Metrics are shared by all partitions of a node.
+type Metrics struct {
+	rejected  *prometheus.CounterVec
+	closedLag *prometheus.GaugeVec
+	writes    prometheus.Counter
+	retries   prometheus.Counter
+}
+
+// NewMetrics creates and registers (if reg is not nil) partition metrics.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brain_partition_rejected_commands_total",
+			Help: "Partition commands rejected deterministically at apply, by reason.",
+		}, []string{"reason"}),
+		closedLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brain_partition_closed_revision_lag",
+			Help: "Revisions between the TSO's current revision and the partition's closed revision, as seen by this node.",
+		}, []string{"partition"}),
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_partition_writes_total", Help: "Writes that consumed a revision and applied.",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_partition_write_retries_total", Help: "Writes re-proposed with a new revision after an apply rejection.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.rejected, m.closedLag, m.writes, m.retries)
+	}
+	return m
+}
+
+// Config configures a Partition.
+type Config struct {
+	// ID is the raft group ID.
+	ID uint64
+	// Start and End bound the partition's user keys: [Start, End). An empty
+	// End means no upper bound.
+	Start, End []byte
+	DB         *pebble.DB
+	Revisions  Revisions
+	Leases     Leases
+	Feed       Feed
+	Metrics    *Metrics
+	Logger     *slog.Logger
+}
+
+// Partition is one replica of a key range. Files:
+//
+//	partition.go  the type, leadership, the write path and closed revisions
+//	apply.go      the state machine (Apply) and its persisted state
+//	eval.go       evaluation of etcd requests (ported from etcd)
+//	mvcc.go       the MVCC encoding and reads
+//	read.go       reads at a closed revision and event catch-up
+//	lease.go      lease-driven deletes and lease key listing
+//	gc.go         compaction
+//
+// Locking: prop.mu protects the leader's proposal state; it is taken
+// before raftgroup's internal locks and never while waiting.
+type Partition struct {
+	id         uint64
+	start, end []byte
+	db         *pebble.DB
+	revs       Revisions
+	leases     Leases
+	feed       Feed
+	metrics    *Metrics
+	log        *slog.Logger
+	group      *raftgroup.Group
+	latches    *latchManager
+	lagGauge   prometheus.Gauge
+
+	// sm is owned by the apply goroutine (raft worker).
+	sm smState
+
+	// closed is the applied closed revision; closedCh is closed (and
+	// replaced) whenever it advances.
+	closed   atomic.Int64
+	closedMu sync.Mutex
+	closedCh chan struct{} // protected by closedMu
+	// compact is the applied compaction revision.
+	compact atomic.Int64
+
+	prop struct {
+		sync.Mutex
+		ready      bool       // leader and ready to evaluate; protected by prop
+		term       uint64     // leader term; protected by prop
+		inflight   *list.List // of *inflightWrite, registration order; protected by prop
+		lastClosed int64      // highest closed revision proposed; protected by prop
+		demand     int64      // highest revision a reader waits to see closed; protected by prop
+		closing    bool       // a close command is in flight; protected by prop
+	}
+
+	gc gcState
+}
+
+// inflightWrite is a write that holds (or is about to get) a revision but
+// is not yet in the raft log. Its revision is > lowerBound.
+type inflightWrite struct {
+	elem       *list.Element
+	lowerBound int64
+}
+
+// New creates a partition replica and loads its applied state. Bind it to
+// its raft group before use.
+func New(cfg Config) (*Partition, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	p := &Partition{
+		id: cfg.ID, start: cfg.Start, end: cfg.End, db: cfg.DB,
+		revs: cfg.Revisions, leases: cfg.Leases, feed: cfg.Feed, metrics: cfg.Metrics,
+		log:      cfg.Logger.With("component", "partition", "partition", cfg.ID),
+		latches:  newLatchManager(),
+		closedCh: make(chan struct{}),
+	}
+	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
+	p.prop.inflight = list.New()
+	if err := p.loadState(); err != nil {
+		return nil, err
+	}
+	p.closed.Store(p.sm.closed)
+	p.compact.Store(p.sm.compact)
+	p.gc.init(p)
+	return p, nil
+}
+
+// Bind attaches the partition to its raft group and starts background work.
+func (p *Partition) Bind(g *raftgroup.Group) {
+	p.group = g
+	p.gc.start()
+}
+
+// Close stops background work.
+func (p *Partition) Close() { p.gc.stop() }
+
+// ID returns the partition's raft group ID.
+func (p *Partition) ID() uint64 { return p.id }
+
+// Span returns the partition's key range [start, end).
+func (p *Partition) Span() (start, end []byte) { return p.start, p.end }
+
+// Contains reports whether key belongs to this partition.
+func (p *Partition) Contains(key []byte) bool {
+	return bytes.Compare(key, p.start) >= 0 && (len(p.end) == 0 || bytes.Compare(key, p.end) < 0)
+}
+
+// Closed returns the applied closed revision.
+func (p *Partition) Closed() int64 { return p.closed.Load() }
+
+// CompactRevision returns the applied compaction revision.
+func (p *Partition) CompactRevision() int64 { return p.compact.Load() }
+
+// IsLeader reports whether this replica evaluates writes.
+func (p *Partition) IsLeader() bool {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	return p.prop.ready
+}
+
+// LeadershipChanged implements raftgroup.LeadershipObserver.
+func (p *Partition) LeadershipChanged(leader bool, term uint64) {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	p.prop.ready, p.prop.term = leader, term
+	// Everything below the applied closed revision is in the log; anything
+	// this replica proposed as leader before is either applied or lost.
+	p.prop.lastClosed = p.closed.Load()
+	p.prop.closing = false
+	if leader {
+		p.maybeCloseLocked()
+	}
+}
+
+// published runs after an apply commits.
+func (p *Partition) published(evs RevEvents, closed int64) {
+	if closed > p.closed.Load() {
+		p.closed.Store(closed)
+		p.closedMu.Lock()
+		close(p.closedCh)
+		p.closedCh = make(chan struct{})
+		p.closedMu.Unlock()
+	}
+	p.lagGauge.Set(float64(p.revs.Current() - closed))
+	if evs.Rev != 0 {
+		p.metrics.writes.Inc()
+	}
+	if p.feed != nil {
+		p.feed.Publish(p.id, evs, closed)
+	}
+}
+
+// closedChan returns a channel closed when the closed revision next
+// advances.
+func (p *Partition) closedChan() <-chan struct{} {
+	p.closedMu.Lock()
+	defer p.closedMu.Unlock()
+	return p.closedCh
+}
+
+// WaitClosed waits until the closed revision is >= rev, asking the leader
+// to close it.
+func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
+	for {
+		ch := p.closedChan()
+		if p.closed.Load() >= rev {
+			return nil
+		}
+		p.RequestClose(rev)
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// RequestClose asks the leader to close revision rev promptly (if this
+// replica is the leader; followers learn closes from the log).
+func (p *Partition) RequestClose(rev int64) {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	if rev > p.prop.demand {
+		p.prop.demand = rev
+	}
+	p.maybeCloseLocked()
+}
+
+// closeCandidateLocked is the highest revision the leader can promise
+// closed now: nothing issued yet is at or below the TSO's current revision
+// except writes in flight, whose revisions are above their lower bounds.
+func (p *Partition) closeCandidateLocked() int64 {
+	c := p.revs.Current()
+	if f := p.prop.inflight.Front(); f != nil {
+		c = min(c, f.Value.(*inflightWrite).lowerBound)
+	}
+	return c
+}
+
+// maybeCloseLocked proposes a close command if a reader waits for one and
+// none is in flight. Writes in flight carry the closed revision themselves
+// when they are proposed.
+func (p *Partition) maybeCloseLocked() {
+	if !p.prop.ready || p.prop.closing || p.prop.demand <= p.prop.lastClosed {
+		return
+	}
+	c := p.closeCandidateLocked()
+	if c <= p.prop.lastClosed {
+		return
+	}
+	p.prop.closing = true
+	p.prop.lastClosed = c
+	cmd := (&command{kind: cmdClose, term: p.prop.term, closed: c}).encode()
+	p.group.ProposeAsync(cmd, func(res any, err error) {
+		p.prop.Lock()
+		defer p.prop.Unlock()
+		p.prop.closing = false
+		if err != nil || res.(applyResult).reject != accepted {
+			p.prop.lastClosed = p.closed.Load()
+		}
+		p.maybeCloseLocked()
+	})
+}
+
+// register records a write about to ask the TSO for a revision.
+func (p *Partition) register() (*inflightWrite, uint64, error) {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	if !p.prop.ready {
+		return nil, 0, ErrNotLeader
+	}
+	w := &inflightWrite{lowerBound: p.revs.Current()}
+	w.elem = p.prop.inflight.PushBack(w)
+	return w, p.prop.term, nil
+}
+
+func (p *Partition) abandon(w *inflightWrite) {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	p.prop.inflight.Remove(w.elem)
+	p.maybeCloseLocked()
+}
+
+// proposeWrite moves w from in flight into the raft log (as cmd, whose
+// closed revision it fills in) and waits for it to apply.
+func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uint64, cmd []byte) (applyResult, error) {
+	done := make(chan struct{})
+	var res applyResult
+	var perr error
+	p.prop.Lock()
+	p.prop.inflight.Remove(w.elem)
+	if !p.prop.ready || p.prop.term != term {
+		p.maybeCloseLocked()
+		p.prop.Unlock()
+		return applyResult{}, ErrNotLeader
+	}
+	c := p.closeCandidateLocked()
+	setClosed(cmd, c)
+	p.prop.lastClosed = max(p.prop.lastClosed, c)
+	p.group.ProposeAsync(cmd, func(r any, err error) {
+		if err == nil {
+			res = r.(applyResult)
+		}
+		perr = err
+		if err != nil {
+			p.prop.Lock()
+			p.prop.lastClosed = p.closed.Load()
+			p.prop.Unlock()
+		}
+		close(done)
+	})
+	p.maybeCloseLocked()
+	p.prop.Unlock()
+	select {
+	case <-done:
+		return res, perr
+	case <-ctx.Done():
+		return applyResult{}, ctx.Err()
+	}
+}
+
+// Txn evaluates and applies rt, which must only touch this partition's
+// keys. It is called on the leader.
+func (p *Partition) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	spans := txnSpans(rt, nil)
+	for _, s := range spans {
+		if err := p.checkSpan(s); err != nil {
+			return nil, err
+		}
+	}
+	g, err := p.latches.acquire(ctx, spans)
+	if err != nil {
+		return nil, err
+	}
+	defer p.latches.release(g)
+	for attempt := 0; ; attempt++ {
+		resp, err := p.txnLatched(ctx, rt)
+		if err == errRetry && attempt < 3 {
+			p.metrics.retries.Inc()
+			continue
+		}
+		return resp, err
+	}
+}
+
+var errRetry = errors.New("partition: retry with a new revision")
+
+func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	if !p.IsLeader() {
+		return nil, ErrNotLeader
+	}
+	// Dry run: decide whether the txn writes. Reads and failed compares
+	// consume no revision.
+	cur := p.revs.Current()
+	dry := &view{r: p.db, readRev: latestRev, beginRev: cur, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
+	resp, err := dry.evalTxn(rt)
+	if err != nil || len(dry.changes) == 0 {
+		return resp, err
+	}
+	w, term, err := p.register()
+	if err != nil {
+		return nil, err
+	}
+	rev, err := p.revs.Next(ctx, 1)
+	if err != nil {
+		p.abandon(w)
+		return nil, err
+	}
+	// Real run at the write's revision. The latches keep the state the dry
+	// run saw; leases it checked cannot be revoked under the latch.
+	v := &view{r: p.db, readRev: latestRev, beginRev: rev - 1, compactRev: dry.compactRev, leaseOK: func(int64) bool { return true }}
+	if resp, err = v.evalTxn(rt); err != nil {
+		p.abandon(w)
+		return nil, fmt.Errorf("partition %d: txn changed between evaluations: %w", p.id, err)
+	}
+	cmd := (&command{kind: cmdWrite, term: term, rev: rev, muts: v.changes}).encode()
+	res, err := p.proposeWrite(ctx, w, term, cmd)
+	if err != nil {
+		if errors.Is(err, raftgroup.ErrNotLeader) {
+			return nil, ErrNotLeader
+		}
+		if errors.Is(err, raftgroup.ErrLeaderChanged) {
+			return nil, ErrLeaderChanged
+		}
+		return nil, err
+	}
+	switch res.reject {
+	case accepted:
+		return resp, nil
+	case rejectClosed:
+		return nil, errRetry
+	case rejectStaleTerm:
+		return nil, ErrLeaderChanged
+	default:
+		return nil, fmt.Errorf("partition %d: write rejected (%d)", p.id, res.reject)
+	}
+}
+
+// checkSpan reports whether a latch span over user keys lies inside the
+// partition.
+func (p *Partition) checkSpan(s latchSpan) error {
+	if s.start[0] != 'k' {
+		return nil
+	}
+	if !p.Contains(s.start[1:]) {
+		return ErrOutsideRange
+	}
+	if len(p.end) == 0 {
+		return nil
+	}
+	if s.end[0] != 'k' || bytes.Compare(s.end[1:], p.end) > 0 {
+		return ErrOutsideRange
+	}
+	return nil
+}
+
+// txnSpans returns the latches rt needs: reads for compares and ranges,
+// writes for puts and deletes, and a shared latch on every lease a put
+// attaches (lease revocation takes it exclusively).
+func txnSpans(rt *pb.TxnRequest, spans []latchSpan) []latchSpan {
+	for _, c := range rt.Compare {
+		spans = append(spans, keySpan(c.Key, c.RangeEnd, false))
+	}
+	for _, ops := range [][]*pb.RequestOp{rt.Success, rt.Failure} {
+		for _, op := range ops {
+			switch tv := op.Request.(type) {
+			case *pb.RequestOp_RequestRange:
+				spans = append(spans, keySpan(tv.RequestRange.Key, tv.RequestRange.RangeEnd, false))
+			case *pb.RequestOp_RequestPut:
+				spans = append(spans, keySpan(tv.RequestPut.Key, nil, true))
+				if tv.RequestPut.Lease != 0 {
+					spans = append(spans, leaseSpan(tv.RequestPut.Lease, false))
+				}
+			case *pb.RequestOp_RequestDeleteRange:
+				spans = append(spans, keySpan(tv.RequestDeleteRange.Key, tv.RequestDeleteRange.RangeEnd, true))
+			case *pb.RequestOp_RequestTxn:
+				spans = txnSpans(tv.RequestTxn, spans)
+			}
+		}
+	}
+	return spans
+}
+
+// Put applies a put as etcd's Put does (the lease is checked first).
+func (p *Partition) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, error) {
+	if r.Lease != 0 && !p.leases.LeaseUsable(r.Lease) {
+		return nil, ErrLeaseNotFound
+	}
+	resp, err := p.Txn(ctx, &pb.TxnRequest{Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: r}}}})
+	if err != nil {
+		return nil, err
+	}
+	out := resp.Responses[0].GetResponsePut()
+	out.Header = resp.Header
+	return out, nil
+}
+
+// DeleteRange deletes the keys of r in this partition.
+func (p *Partition) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
+	resp, err := p.Txn(ctx, &pb.TxnRequest{Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: r}}}})
+	if err != nil {
+		return nil, err
+	}
+	out := resp.Responses[0].GetResponseDeleteRange()
+	out.Header = resp.Header
+	return out, nil
+}
