@@ -1,0 +1,27 @@
+// Package kvapi routes etcd requests to the partitions that own their keys
+// and combines their answers.
+//
+// A Store holds the node's partition map (key ranges in order), the TSO and
+// the meta group. It implements the parts of etcd's semantics that span
+// partitions:
+//
+//   - Range reads at one revision R on every partition the range overlaps
+//     (after each has closed R), concatenates in key order, counts across
+//     all of them, and post-processes exactly as etcd does (filters, sort,
+//     limit, More). Linearizable reads use R = the TSO's current revision;
+//     serializable reads use the lowest closed revision among the partitions.
+//   - A txn must stay within one partition; a txn whose keys span several is
+//     refused with InvalidArgument. Read-only txns run on the read path.
+//   - DeleteRange over several partitions deletes each partition's part as
+//     its own atomic write at its own revision (etcd would use one).
+//   - Lease revocation deletes each partition's attached keys, one revision
+//     per partition with keys.
+//   - Watch catch-up merges the partitions' event logs by revision.
+//
+// Header revisions follow DESIGN invariant 3: the TSO's current revision,
+// never below any acknowledged write, also for reads at older revisions and
+// for failed compares.
+//
+// The cluster issue adds the inter-node gRPC API and a partition map cache
+// refreshed on epoch mismatch; today every partition is local.
+package kvapi
