@@ -1,0 +1,162 @@
+package etcdcompat
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/brainkv/brain/kvapi"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+)
+
+var errContextCanceled = context.Canceled
+
+// Maintenance is what the Maintenance service needs from the node.
+type Maintenance interface {
+	// DBSize returns the size of the node's storage and the part in use.
+	DBSize() (size, inUse int64)
+	// Defragment compacts the node's storage.
+	Defragment(ctx context.Context) error
+	// HashKV hashes the MVCC data at or below rev (0: current).
+	HashKV(ctx context.Context, rev int64) (hash uint32, hashRev, compactRev int64, err error)
+	// Snapshot streams a consistent backup.
+	Snapshot(ctx context.Context, send func(chunk []byte, remaining uint64) error) error
+	// Alarms lists active alarms; SetAlarm changes one.
+	Alarms() []*pb.AlarmMember
+	SetAlarm(ctx context.Context, activate bool, member uint64, a pb.AlarmType) error
+	// RaftStatus returns the raft index and term of the node's meta group.
+	RaftStatus() (index, term, applied uint64, leader uint64)
+}
+
+// Config configures the etcd services.
+type Config struct {
+	Store       *kvapi.Store
+	Hub         *Hub
+	Maintenance Maintenance
+	ClusterID   uint64
+	MemberID    uint64
+	// Members lists the cluster's members for MemberList.
+	Members func() []*pb.Member
+	// Term returns the raft term reported in response headers.
+	Term func() uint64
+	// HasLeader reports whether the node can serve writes (for the
+	// "hasleader" metadata kube-apiserver sends).
+	HasLeader func() bool
+	// MaxRequestBytes is etcd's --max-request-bytes; default 1.5 MiB.
+	MaxRequestBytes uint
+	// MaxTxnOps is etcd's --max-txn-ops; default 128.
+	MaxTxnOps int
+	// QuotaBackendBytes is reported by Status; 0: etcd's default 2 GiB.
+	QuotaBackendBytes int64
+	// ProgressNotifyInterval is how often watches that asked for progress
+	// notifications get one when idle; default 10 minutes (etcd's).
+	ProgressNotifyInterval time.Duration
+	Logger                 *slog.Logger
+}
+
+// DefaultMaxRequestBytes is etcd's default --max-request-bytes.
+const DefaultMaxRequestBytes = 1.5 * 1024 * 1024
+
+// GRPCOverheadBytes is what etcd allows beyond MaxRequestBytes at the gRPC
+// layer before gRPC itself refuses a message.
+const GRPCOverheadBytes = 512 * 1024
+
+// Version is the etcd version brain reports: kube-apiserver enables
+// consistent reads from its cache for etcd >= 3.5.13.
+const Version = "3.6.0"
+
+// Server implements etcd's v3 gRPC services over a kvapi.Store.
+type Server struct {
+	cfg   Config
+	store *kvapi.Store
+	hub   *Hub
+	log   *slog.Logger
+}
+
+// New creates the services.
+func New(cfg Config) *Server {
+	if cfg.MaxRequestBytes == 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if cfg.MaxTxnOps == 0 {
+		cfg.MaxTxnOps = 128
+	}
+	if cfg.ProgressNotifyInterval == 0 {
+		cfg.ProgressNotifyInterval = 10 * time.Minute
+	}
+	if cfg.QuotaBackendBytes == 0 {
+		cfg.QuotaBackendBytes = 2 << 30
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, store: cfg.Store, hub: cfg.Hub, log: cfg.Logger.With("component", "etcdcompat")}
+}
+
+// ServerOptions returns the gRPC options the services need: the codec that
+// sends pre-encoded watch frames, and etcd's message size limits.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(newFrameCodec()),
+		grpc.MaxRecvMsgSize(int(s.cfg.MaxRequestBytes + GRPCOverheadBytes)),
+		grpc.MaxSendMsgSize(1<<31 - 1),
+		grpc.MaxConcurrentStreams(1<<32 - 1),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+	}
+}
+
+// Register registers every service on g.
+func (s *Server) Register(g *grpc.Server) {
+	pb.RegisterKVServer(g, &kvServer{s: s})
+	pb.RegisterWatchServer(g, &watchServer{s: s})
+	pb.RegisterLeaseServer(g, &leaseServer{s: s})
+	pb.RegisterClusterServer(g, &clusterServer{s: s})
+	pb.RegisterMaintenanceServer(g, &maintenanceServer{s: s})
+	pb.RegisterAuthServer(g, &authServer{s: s})
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(g, hs)
+}
+
+func (s *Server) hasLeader() bool { return s.cfg.HasLeader == nil || s.cfg.HasLeader() }
+
+// unaryInterceptor refuses requests that require a leader when there is
+// none, as etcd does for the "hasleader" metadata.
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if requireLeader(ctx) && !s.hasLeader() {
+		return nil, rpctypes.ErrGRPCNoLeader
+	}
+	return handler(ctx, req)
+}
+
+// fill completes a response header as etcd's header.fill does. A zero
+// revision is replaced by the current one.
+func (s *Server) fill(h *pb.ResponseHeader) {
+	if h == nil {
+		return
+	}
+	h.ClusterId = s.cfg.ClusterID
+	h.MemberId = s.cfg.MemberID
+	if s.cfg.Term != nil {
+		h.RaftTerm = s.cfg.Term()
+	}
+	if h.Revision == 0 {
+		h.Revision = s.store.CurrentRevision()
+	}
+}
+
+type sizer interface{ Size() int }
+
+// checkSize refuses write requests larger than --max-request-bytes with
+// etcd's error.
+func (s *Server) checkSize(r sizer) error {
+	if uint(r.Size()) > s.cfg.MaxRequestBytes {
+		return rpctypes.ErrGRPCRequestTooLarge
+	}
+	return nil
+}

@@ -1,0 +1,422 @@
+package etcdcompat
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/metadata"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+)
+
+// etcd's watch errors (storage/mvcc), used as cancel reasons.
+const (
+	reasonEmptyRange  = "mvcc: watcher range is empty"
+	reasonDuplicateID = "mvcc: duplicate watch ID provided on the WatchStream"
+)
+
+type watchServer struct {
+	pb.UnimplementedWatchServer
+	s *Server
+}
+
+// watcher is one watch on a stream. Owned by the stream's send loop.
+type watcher struct {
+	id       int64
+	key, end []byte // end nil: single key; empty: unbounded
+	shape    shape
+	fragment bool
+	progress bool
+	start    int64 // the revision the watch was created to start at
+	next     int64 // next revision to deliver: every event below it was sent
+	sent     bool  // something was sent since the last progress tick
+}
+
+// watchStream is one gRPC Watch stream: a receive goroutine turning
+// requests into control messages, and a send loop that owns the watchers
+// and is the only writer to the stream.
+type watchStream struct {
+	s      *Server
+	stream pb.Watch_WatchServer
+	reqs   chan *pb.WatchRequest
+
+	watchers map[int64]*watcher
+	nextID   int64
+	// progressTarget is the revision a RequestProgress waits for (0: none).
+	progressTarget int64
+}
+
+func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
+	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
+		if ks := md[rpctypes.MetadataRequireLeaderKey]; len(ks) > 0 && ks[0] == rpctypes.MetadataHasLeader && !ws.s.hasLeader() {
+			return rpctypes.ErrGRPCNoLeader
+		}
+	}
+	sws := &watchStream{
+		s: ws.s, stream: stream,
+		reqs:     make(chan *pb.WatchRequest, 64),
+		watchers: make(map[int64]*watcher),
+	}
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- sws.recvLoop() }()
+	err := sws.sendLoop(recvErr)
+	ws.s.hub.watchers.Sub(float64(len(sws.watchers)))
+	return err
+}
+
+func (sws *watchStream) recvLoop() error {
+	for {
+		req, err := sws.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		select {
+		case sws.reqs <- req:
+		case <-sws.stream.Context().Done():
+			return nil
+		}
+	}
+}
+
+func (sws *watchStream) header(rev int64) *pb.ResponseHeader {
+	h := &pb.ResponseHeader{Revision: rev}
+	sws.s.fill(h)
+	h.Revision = rev
+	return h
+}
+
+func (sws *watchStream) sendLoop(recvErr <-chan error) error {
+	ctx := sws.stream.Context()
+	ticker := time.NewTicker(sws.s.cfg.ProgressNotifyInterval)
+	defer ticker.Stop()
+	for {
+		frontier, changed := sws.s.hub.Frontier()
+		for _, w := range sws.watchers {
+			if err := sws.deliver(w, frontier); err != nil {
+				return err
+			}
+		}
+		if err := sws.maybeProgress(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return watchCtxErr(ctx.Err())
+		case err := <-recvErr:
+			if err != nil {
+				return watchCtxErr(err)
+			}
+			recvErr = nil // the client closed its side; keep sending
+		case req := <-sws.reqs:
+			if err := sws.handle(req); err != nil {
+				return err
+			}
+		case <-changed:
+		case <-ticker.C:
+			if err := sws.progressTick(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func watchCtxErr(err error) error {
+	if errors.Is(err, errContextCanceled) {
+		return rpctypes.ErrGRPCWatchCanceled
+	}
+	return err
+}
+
+func (sws *watchStream) send(resp *pb.WatchResponse) error {
+	sws.s.hub.frames.Inc()
+	return sws.stream.Send(resp)
+}
+
+func (sws *watchStream) handle(req *pb.WatchRequest) error {
+	switch uv := req.RequestUnion.(type) {
+	case *pb.WatchRequest_CreateRequest:
+		if uv.CreateRequest != nil {
+			return sws.create(uv.CreateRequest)
+		}
+	case *pb.WatchRequest_CancelRequest:
+		if uv.CancelRequest != nil {
+			id := uv.CancelRequest.WatchId
+			if _, ok := sws.watchers[id]; ok {
+				delete(sws.watchers, id)
+				sws.s.hub.watchers.Dec()
+				return sws.send(&pb.WatchResponse{Header: sws.header(sws.s.store.CurrentRevision()), WatchId: id, Canceled: true})
+			}
+		}
+	case *pb.WatchRequest_ProgressRequest:
+		if uv.ProgressRequest != nil {
+			target := sws.s.store.CurrentRevision()
+			for _, w := range sws.watchers {
+				if w.start > target {
+					// etcd ignores the request while a watch waits for a
+					// future start revision.
+					return nil
+				}
+			}
+			sws.progressTarget = max(sws.progressTarget, target)
+			sws.s.store.RequestClose(target)
+		}
+	}
+	return nil
+}
+
+// create mirrors etcd's watch creation, including its errors.
+func (sws *watchStream) create(creq *pb.WatchCreateRequest) error {
+	cur := sws.s.store.CurrentRevision()
+	if len(creq.Key) == 0 {
+		creq.Key = []byte{0}
+	}
+	fail := func(reason string) error {
+		return sws.send(&pb.WatchResponse{Header: sws.header(cur), WatchId: -1, Created: true, Canceled: true, CancelReason: reason})
+	}
+	if creq.StartRevision < 0 {
+		return fail(rpctypes.ErrCompacted.Error())
+	}
+	var end []byte
+	switch {
+	case len(creq.RangeEnd) == 0:
+		end = nil
+	case len(creq.RangeEnd) == 1 && creq.RangeEnd[0] == 0:
+		end = []byte{}
+	default:
+		end = creq.RangeEnd
+	}
+	if len(end) != 0 && bytes.Compare(creq.Key, end) != -1 {
+		return fail(reasonEmptyRange)
+	}
+	id := creq.WatchId
+	if id == 0 {
+		for sws.watchers[sws.nextID] != nil {
+			sws.nextID++
+		}
+		id = sws.nextID
+		sws.nextID++
+	} else if _, ok := sws.watchers[id]; ok {
+		return fail(reasonDuplicateID)
+	}
+	w := &watcher{
+		id: id, key: creq.Key, end: end,
+		fragment: creq.Fragment, progress: creq.ProgressNotify,
+		next: creq.StartRevision,
+	}
+	if w.next == 0 {
+		w.next = cur + 1
+	}
+	w.start = w.next
+	w.shape = shape{key: string(creq.Key), end: string(end), single: end == nil, prevKV: creq.PrevKv}
+	for _, f := range creq.Filters {
+		switch f {
+		case pb.WatchCreateRequest_NOPUT:
+			w.shape.noPut = true
+		case pb.WatchCreateRequest_NODELETE:
+			w.shape.noDelete = true
+		}
+	}
+	if err := sws.send(&pb.WatchResponse{Header: sws.header(cur), WatchId: id, Created: true}); err != nil {
+		return err
+	}
+	sws.watchers[id] = w
+	sws.s.hub.watchers.Inc()
+	return nil
+}
+
+// shapeAt is the shape to encode w's events of revision rev with. As in
+// etcd, which reads an event's prev_kv at revision-1 when it sends it, an
+// event whose previous revision is compacted has no prev_kv.
+func (w *watcher) shapeAt(rev, compact int64) *shape {
+	if w.shape.prevKV && rev-1 < compact {
+		s := w.shape
+		s.prevKV = false
+		return &s
+	}
+	return &w.shape
+}
+
+// maxFrameBytes is the size at which a frame of several revisions is sent.
+const maxFrameBytes = 1 << 20
+
+// frame accumulates the events of consecutive revisions for one watcher.
+type frame struct {
+	b       []byte
+	lastRev int64
+	oldest  time.Time
+}
+
+// deliver sends w every event up to frontier it has not seen.
+func (sws *watchStream) deliver(w *watcher, frontier int64) error {
+	var fr frame
+	for w.next <= frontier {
+		compact := sws.s.store.CompactRevision()
+		if w.next < compact {
+			return sws.compacted(w, compact)
+		}
+		entries, ok := sws.s.hub.entries(w.next, frontier)
+		if !ok {
+			// Behind the ring: read the event logs, then re-check that no
+			// compaction removed what we read from.
+			sws.s.hub.catchups.Inc()
+			evs, next, err := sws.s.store.Events(w.next, frontier, w.key, w.end, 1024)
+			if err != nil {
+				return err
+			}
+			if c := sws.s.store.CompactRevision(); w.next < c {
+				return sws.compacted(w, c)
+			}
+			for _, re := range evs {
+				if enc := encodeEvents(re.Events, w.shapeAt(re.Rev, compact)); len(enc.ends) > 0 {
+					if err := sws.add(w, &fr, re.Rev, enc, time.Time{}); err != nil {
+						return err
+					}
+				}
+			}
+			w.next = next
+			continue
+		}
+		for _, e := range entries {
+			if enc := sws.s.hub.encodedFor(e, w.shapeAt(e.rev, compact)); enc != nil {
+				if err := sws.add(w, &fr, e.rev, enc, e.at); err != nil {
+					return err
+				}
+			}
+		}
+		w.next = frontier + 1
+	}
+	return sws.flush(w, &fr)
+}
+
+// add appends one revision's encoded events to the frame, sending first if
+// the frame would grow too large.
+func (sws *watchStream) add(w *watcher, fr *frame, rev int64, enc *encoded, at time.Time) error {
+	if len(fr.b) > 0 && len(fr.b)+len(enc.b) > maxFrameBytes {
+		if err := sws.flush(w, fr); err != nil {
+			return err
+		}
+	}
+	limit := int(sws.s.cfg.MaxRequestBytes)
+	if w.fragment && len(enc.b) >= limit && len(enc.ends) > 1 {
+		if err := sws.flush(w, fr); err != nil {
+			return err
+		}
+		return sws.sendFragments(w, rev, enc, limit)
+	}
+	fr.b = append(fr.b, enc.b...)
+	fr.lastRev = rev
+	if fr.oldest.IsZero() {
+		fr.oldest = at
+	}
+	return nil
+}
+
+func (sws *watchStream) flush(w *watcher, fr *frame) error {
+	if len(fr.b) == 0 {
+		return nil
+	}
+	if err := sws.sendEvents(w, fr.lastRev, fr.b, false); err != nil {
+		return err
+	}
+	if !fr.oldest.IsZero() {
+		sws.s.hub.lag.Observe(time.Since(fr.oldest).Seconds())
+	}
+	*fr = frame{}
+	return nil
+}
+
+// sendFragments splits one revision's events over several responses, all
+// but the last marked Fragment, as etcd's sendFragments does.
+func (sws *watchStream) sendFragments(w *watcher, rev int64, enc *encoded, limit int) error {
+	start := 0
+	for i := 0; i < len(enc.ends); {
+		j := i + 1
+		for j < len(enc.ends) && enc.ends[j]-start < limit {
+			j++
+		}
+		end := enc.ends[j-1]
+		if err := sws.sendEvents(w, rev, enc.b[start:end], j < len(enc.ends)); err != nil {
+			return err
+		}
+		start, i = end, j
+	}
+	return nil
+}
+
+// sendEvents sends a WatchResponse spliced from pre-encoded events.
+func (sws *watchStream) sendEvents(w *watcher, rev int64, events []byte, fragment bool) error {
+	hdr, err := sws.header(rev).Marshal()
+	if err != nil {
+		return err
+	}
+	b := make([]byte, 0, len(hdr)+len(events)+24)
+	b = append(b, 1<<3|2)
+	b = binary.AppendUvarint(b, uint64(len(hdr)))
+	b = append(b, hdr...)
+	if w.id != 0 {
+		b = append(b, 2<<3)
+		b = binary.AppendUvarint(b, uint64(w.id))
+	}
+	if fragment {
+		b = append(b, 7<<3, 1)
+	}
+	b = append(b, events...)
+	w.sent = true
+	sws.s.hub.frames.Inc()
+	return sws.stream.SendMsg(&rawFrame{b: b})
+}
+
+func (sws *watchStream) compacted(w *watcher, compact int64) error {
+	delete(sws.watchers, w.id)
+	sws.s.hub.watchers.Dec()
+	return sws.send(&pb.WatchResponse{Header: sws.header(0), WatchId: w.id, CompactRevision: compact, Canceled: true})
+}
+
+// maybeProgress answers a pending RequestProgress once every watcher has
+// been sent everything up to its target.
+func (sws *watchStream) maybeProgress() error {
+	if sws.progressTarget == 0 {
+		return nil
+	}
+	if len(sws.watchers) == 0 {
+		// etcd sends nothing for a stream without watchers.
+		sws.progressTarget = 0
+		return nil
+	}
+	rev := int64(-1)
+	for _, w := range sws.watchers {
+		if w.next <= sws.progressTarget {
+			return nil
+		}
+		if rev == -1 || w.next-1 < rev {
+			rev = w.next - 1
+		}
+	}
+	sws.progressTarget = 0
+	return sws.send(&pb.WatchResponse{Header: sws.header(rev), WatchId: -1})
+}
+
+// progressTick sends progress notifications to watchers that asked for
+// them and were sent nothing since the last tick, as etcd does.
+func (sws *watchStream) progressTick() error {
+	frontier, _ := sws.s.hub.Frontier()
+	for _, w := range sws.watchers {
+		if w.progress && !w.sent && w.next > frontier {
+			if err := sws.send(&pb.WatchResponse{Header: sws.header(w.next - 1), WatchId: w.id}); err != nil {
+				return err
+			}
+		}
+		w.sent = false
+	}
+	return nil
+}
+
+var _ = mvccpb.PUT
