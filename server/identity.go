@@ -1,0 +1,69 @@
+package server
+
+import (
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/brainkv/brain/engine"
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// identity is what a node persists about itself when its store is created.
+type identity struct {
+	Name        string   `json:"name"`
+	MemberID    uint64   `json:"member_id"`
+	ClusterID   uint64   `json:"cluster_id"`
+	PeerURLs    []string `json:"peer_urls"`
+	SplitPoints []string `json:"split_points"`
+}
+
+func identityKey() []byte { return engine.GroupKey(0, "identity") }
+
+func loadIdentity(db *pebble.DB) (*identity, error) {
+	v, closer, err := db.Get(identityKey())
+	if err == pebble.ErrNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	id := &identity{}
+	if err := json.Unmarshal(v, id); err != nil {
+		return nil, fmt.Errorf("server: corrupt identity: %w", err)
+	}
+	return id, nil
+}
+
+func saveIdentity(b *pebble.Batch, id *identity) error {
+	v, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	return b.Set(identityKey(), v, nil)
+}
+
+// memberID derives a member ID the way etcd does: the SHA-1 of the sorted
+// peer URLs and the cluster token.
+func memberID(peerURLs []string, token string) uint64 {
+	urls := append([]string(nil), peerURLs...)
+	sort.Strings(urls)
+	sum := sha1.Sum([]byte(strings.Join(urls, "") + token))
+	return binary.BigEndian.Uint64(sum[:8])
+}
+
+// clusterID derives the cluster ID from the member IDs, as etcd does.
+func clusterID(members []uint64) uint64 {
+	ids := append([]uint64(nil), members...)
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	b := make([]byte, 8*len(ids))
+	for i, id := range ids {
+		binary.BigEndian.PutUint64(b[8*i:], id)
+	}
+	sum := sha1.Sum(b)
+	return binary.BigEndian.Uint64(sum[:8])
+}
