@@ -1,0 +1,111 @@
+// Command brainnode runs a brain node: an etcd-compatible metadata store
+// for Kubernetes. Run without flags it serves a single-node store on
+// 127.0.0.1:2379 with its data in ./default.brain, ready for etcdctl.
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/brainkv/brain/etcdcompat"
+	"github.com/brainkv/brain/server"
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	var cfg server.Config
+	cmd := &cobra.Command{
+		Use:   "brainnode",
+		Short: "brainnode runs an etcd-compatible metadata store node",
+		Long: `brainnode runs an etcd-compatible metadata store node.
+
+Without flags it serves a single-node store on 127.0.0.1:2379 with its data
+in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := server.New(cfg)
+			if err != nil {
+				return err
+			}
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			<-sig
+			s.Stop()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Name, "name", "default", "Human-readable name for this member.")
+	f.StringVar(&cfg.DataDir, "data-dir", "default.brain", "Path to the data directory.")
+	f.StringSliceVar(&cfg.ListenClientURLs, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "List of URLs to listen on for client traffic (etcd API, /health, /metrics).")
+	f.StringSliceVar(&cfg.AdvertiseClientURLs, "advertise-client-urls", nil, "List of this member's client URLs to advertise (default: --listen-client-urls).")
+	f.StringSliceVar(&cfg.ListenPeerURLs, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "List of URLs to listen on for peer traffic.")
+	f.StringSliceVar(&cfg.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "List of this member's peer URLs to advertise (default: --listen-peer-urls).")
+	f.StringVar(&cfg.InitialCluster, "initial-cluster", "", "Initial cluster configuration for bootstrapping, name=peerURL,... (default: this member alone).")
+	f.StringVar(&cfg.InitialClusterState, "initial-cluster-state", "new", "Initial cluster state ('new' or 'existing').")
+	f.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "etcd-cluster", "Initial cluster token for the cluster during bootstrap.")
+	f.StringSliceVar(&cfg.ListenMetricsURLs, "listen-metrics-urls", nil, "List of additional URLs to serve /metrics and /health on.")
+	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", etcdcompat.DefaultMaxRequestBytes, "Maximum client request size in bytes the server will accept.")
+	f.IntVar(&cfg.MaxTxnOps, "max-txn-ops", 128, "Maximum number of operations permitted in a transaction.")
+	f.Int64Var(&cfg.QuotaBackendBytes, "quota-backend-bytes", 8<<30, "Raise the NOSPACE alarm and refuse writes when the storage exceeds this size.")
+	f.Var(msDuration{&cfg.HeartbeatInterval}, "heartbeat-interval", "Time of a heartbeat interval (default 100ms); a plain number is milliseconds, as in etcd.")
+	f.Var(msDuration{&cfg.ElectionTimeout}, "election-timeout", "Time for an election to timeout (default 1s); a plain number is milliseconds, as in etcd.")
+	f.DurationVar(&cfg.WatchProgressNotifyInterval, "watch-progress-notify-interval", 0, "Interval of progress notifications to idle watches that ask for them (default 10m).")
+	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "Serve runtime profiling data at /debug/pprof/ on client URLs.")
+	f.StringVar(&cfg.LogLevel, "log-level", "info", "Log level: debug, info, warn, error.")
+	f.StringSliceVar(&cfg.InitialSplitPoints, "initial-split-points", server.DefaultSplitPoints, "brain: keys at which a new store splits its keyspace into partitions (ignored once the store exists).")
+	f.Int64Var(&cfg.TSOWindow, "tso-window", 10000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
+	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
+	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
+	cmd.AddCommand(snapshotCmd(), versionCmd())
+	return cmd
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the etcd API version brainnode reports",
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Printf("brainnode (etcd API %s)\n", etcdcompat.Version)
+		},
+	}
+}
+
+func snapshotCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshot", Short: "Backup files"}
+	var rc server.RestoreConfig
+	var peers []string
+	restore := &cobra.Command{
+		Use:   "restore FILE",
+		Short: "Create a new data directory from a backup (saved with 'etcdctl snapshot save')",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rc.SnapshotPath = args[0]
+			rc.InitialAdvertisePeerURLs = peers
+			rc.Progress = func(n int64) { fmt.Fprintf(os.Stderr, "\rrestored %d versions", n) }
+			h, err := server.Restore(rc)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "\nrestored revision %d (compacted at %d) into %s\n", h.Revision, h.CompactRevision, rc.DataDir)
+			return nil
+		},
+	}
+	f := restore.Flags()
+	f.StringVar(&rc.DataDir, "data-dir", "default.brain", "Data directory to create.")
+	f.StringVar(&rc.Name, "name", "default", "Member name of the new node.")
+	f.StringSliceVar(&peers, "initial-advertise-peer-urls", []string{"http://127.0.0.1:2380"}, "Peer URLs of the new node.")
+	f.StringVar(&rc.InitialClusterToken, "initial-cluster-token", "etcd-cluster", "Cluster token of the new node.")
+	cmd.AddCommand(restore)
+	return cmd
+}
