@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/brainkv/brain/internal/invariant"
 	"github.com/brainkv/brain/partition"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -145,7 +146,17 @@ func (h *Hub) AddPartition(id uint64, closed int64) {
 	defer h.mu.Unlock()
 	h.mu.closed[id] = closed
 	h.mu.frontier = h.minClosedLocked()
-	h.mu.ringStart = h.mu.frontier + 1
+	h.mu.ringStart = max(h.mu.ringStart, h.mu.frontier+1)
+}
+
+// SetHistoryStart tells the hub that every event with a revision >= rev
+// will be published to it; events below rev may already be applied (for
+// instance before a restart) and are read from the event logs. Call before
+// the partitions start applying, with the TSO's recovered revision + 1.
+func (h *Hub) SetHistoryStart(rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.ringStart = max(h.mu.ringStart, rev)
 }
 
 func (h *Hub) minClosedLocked() int64 {
@@ -162,7 +173,11 @@ func (h *Hub) minClosedLocked() int64 {
 // Publish implements partition.Feed.
 func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	h.mu.Lock()
-	if evs.Rev != 0 {
+	// An event at or below a revision every partition had closed means
+	// the closed-revision promise is broken; watchers have moved past it.
+	invariant.Check(evs.Rev == 0 || evs.Rev > h.mu.frontier,
+		"partition %d published revision %d at or below the watch frontier %d", pid, evs.Rev, h.mu.frontier)
+	if evs.Rev > h.mu.frontier {
 		e := &entry{rev: evs.Rev, events: evs.Events, at: time.Now()}
 		for _, ev := range evs.Events {
 			e.size += ev.Size()
@@ -203,7 +218,7 @@ func (h *Hub) evictLocked() {
 		e := h.mu.ring[n]
 		h.mu.ringEvents -= len(e.events)
 		h.mu.ringBytes -= e.size
-		h.mu.ringStart = e.rev + 1
+		h.mu.ringStart = max(h.mu.ringStart, e.rev+1)
 		h.mu.ring[n] = nil
 		n++
 	}

@@ -169,6 +169,8 @@ func (s *Server) open() error {
 		return err
 	}
 	s.hub.SetSource(s.store)
+	// Events applied before a restart are in the event logs, not the hub.
+	s.hub.SetHistoryStart(s.tso.Current() + 1)
 
 	g, err := s.host.CreateGroup(tsoGroupID, voters, s.tso)
 	if err != nil {
