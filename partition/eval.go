@@ -31,9 +31,9 @@ type view struct {
 	compactRev int64
 	leaseOK    func(id int64) bool
 
-	changes []mutation                 // in op order
+	changes []mutation                  // in op order
 	overlay map[string]*mvccpb.KeyValue // key -> new kv, nil if deleted
-	events  []*mvccpb.Event            // for the prev_kv of responses
+	events  []*mvccpb.Event             // for the prev_kv of responses
 }
 
 func (v *view) rev() int64 {

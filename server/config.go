@@ -66,7 +66,7 @@ type Config struct {
 	// separate Kubernetes' busiest resources.
 	InitialSplitPoints []string
 	// TSOWindow (--tso-window) is how many revisions one TSO log write
-	// reserves; default 10000.
+	// reserves; default 1000.
 	TSOWindow int64
 	// RaftWorkers (--raft-workers) drive the raft groups; default 4.
 	RaftWorkers int
@@ -137,7 +137,7 @@ func (c *Config) EnsureDefaults() {
 		c.InitialSplitPoints = DefaultSplitPoints
 	}
 	if c.TSOWindow == 0 {
-		c.TSOWindow = 10000
+		c.TSOWindow = 1000
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"

@@ -26,7 +26,7 @@ const InitialRevision = 1
 // Config configures an Oracle.
 type Config struct {
 	// WindowSize is how many revisions one raft extension reserves; default
-	// 10000. Larger means fewer log writes and larger gaps after a crash.
+	// 1000. Larger means fewer log writes and larger gaps after a crash.
 	WindowSize int64
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -34,7 +34,7 @@ type Config struct {
 
 func (c *Config) ensureDefaults() {
 	if c.WindowSize == 0 {
-		c.WindowSize = 10000
+		c.WindowSize = 1000
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

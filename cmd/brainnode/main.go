@@ -64,7 +64,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "Serve runtime profiling data at /debug/pprof/ on client URLs.")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "Log level: debug, info, warn, error.")
 	f.StringSliceVar(&cfg.InitialSplitPoints, "initial-split-points", server.DefaultSplitPoints, "brain: keys at which a new store splits its keyspace into partitions (ignored once the store exists).")
-	f.Int64Var(&cfg.TSOWindow, "tso-window", 10000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
+	f.Int64Var(&cfg.TSOWindow, "tso-window", 1000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
 	cmd.AddCommand(snapshotCmd(), versionCmd())
