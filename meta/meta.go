@@ -330,7 +330,9 @@ func (m *Meta) TimeToLive(id int64) (remaining, granted int64, err error) {
 		return 0, 0, ErrNotLeader
 	}
 	l, ok := m.mu.leases[id]
-	if !ok {
+	if !ok || l.revoking {
+		// A lease being revoked is gone for clients, as etcd's revocation
+		// (one atomic step there) makes it.
 		return 0, 0, ErrLeaseNotFound
 	}
 	return int64(l.expiry.Sub(m.cfg.Now()).Seconds()), l.ttl, nil
