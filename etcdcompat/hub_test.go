@@ -1,0 +1,90 @@
+package etcdcompat
+
+import (
+	"testing"
+
+	"github.com/brainkv/brain/partition"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+type nopSource struct{ closes []int64 }
+
+func (s *nopSource) RequestClose(rev int64) { s.closes = append(s.closes, rev) }
+func (s *nopSource) CurrentRevision() int64 { return 0 }
+func (s *nopSource) CompactRevision() int64 { return -1 }
+func (s *nopSource) Events(int64, int64, []byte, []byte, int) ([]partition.RevEvents, int64, error) {
+	return nil, 0, nil
+}
+
+func evs(rev int64, key string) partition.RevEvents {
+	return partition.RevEvents{Rev: rev, Events: []*mvccpb.Event{{Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte("v"), ModRevision: rev}}}}
+}
+
+func revs(es []*entry) []int64 {
+	var out []int64
+	for _, e := range es {
+		out = append(out, e.rev)
+	}
+	return out
+}
+
+// TestHubReleasesInRevisionOrder publishes out of order across two
+// partitions and checks events are released only once every partition has
+// closed past them, in revision order.
+func TestHubReleasesInRevisionOrder(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{}, src)
+	h.SetSource(src)
+	h.AddPartition(1, 1)
+	h.AddPartition(2, 1)
+	h.Publish(1, evs(5, "a"), 3)
+	h.Publish(2, evs(4, "m"), 4)
+	if f, _ := h.Frontier(); f != 3 {
+		t.Fatalf("frontier %d, want 3", f)
+	}
+	if es, _ := h.entries(2, 10); len(es) != 0 {
+		t.Fatalf("released %v before the frontier passed them", revs(es))
+	}
+	if len(src.closes) == 0 {
+		t.Fatal("the hub did not ask lagging partitions to close")
+	}
+	h.Publish(1, partition.RevEvents{}, 6)
+	if es, _ := h.entries(2, 10); len(es) != 1 || es[0].rev != 4 {
+		t.Fatalf("released %v, want [4]", revs(es))
+	}
+	h.Publish(2, partition.RevEvents{}, 10)
+	es, ok := h.entries(2, 10)
+	if !ok || len(es) != 2 || es[1].rev != 5 {
+		t.Fatalf("released %v, want [4 5]", revs(es))
+	}
+	if f, _ := h.Frontier(); f != 6 {
+		t.Fatalf("frontier %d, want 6", f)
+	}
+}
+
+// TestHubEncodesOncePerShape checks that watches of one shape share one
+// encoding of a revision, and that a watcher behind the ring is told so.
+func TestHubEncodesOncePerShape(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{RingEvents: 2}, src)
+	h.AddPartition(1, 1)
+	for r := int64(2); r <= 6; r++ {
+		h.Publish(1, evs(r, "a"), r)
+	}
+	es, ok := h.entries(5, 6)
+	if !ok || len(es) != 2 {
+		t.Fatalf("entries 5..6: %v %v", revs(es), ok)
+	}
+	s1 := &shape{key: "a", single: true, prevKV: true}
+	s2 := &shape{key: "a", single: true, prevKV: true}
+	a, b := h.encodedFor(es[0], s1), h.encodedFor(es[0], s2)
+	if a == nil || a != b {
+		t.Fatal("identical shapes did not share the encoding")
+	}
+	if h.encodedFor(es[0], &shape{key: "b", single: true}) != nil {
+		t.Fatal("a non-matching shape got events")
+	}
+	if _, ok := h.entries(2, 6); ok {
+		t.Fatal("entries below the ring start reported as complete")
+	}
+}

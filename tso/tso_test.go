@@ -1,0 +1,132 @@
+package tso
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/engine"
+	"github.com/brainkv/brain/raftgroup"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+type node struct {
+	db   *pebble.DB
+	host *raftgroup.Host
+	o    *Oracle
+}
+
+func start(t *testing.T, fs vfs.FS, window int64) *node {
+	t.Helper()
+	db, err := engine.Open(engine.Config{Dir: "db", FS: fs, CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := New(Config{WindowSize: window}, db, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.CreateGroup(1, []uint64{1}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Bind(g)
+	h.Start()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := o.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &node{db: db, host: h, o: o}
+}
+
+func (n *node) stop(t *testing.T, graceful bool) {
+	if graceful {
+		if err := n.o.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.host.Stop()
+	if err := n.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRevisionsUniqueIncreasingDense(t *testing.T) {
+	n := start(t, vfs.NewMem(), 64)
+	defer n.stop(t, true)
+	if c := n.o.Current(); c != InitialRevision {
+		t.Fatalf("fresh oracle at %d, want %d", c, InitialRevision)
+	}
+	var mu sync.Mutex
+	var got []int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			last := int64(0)
+			for i := 0; i < 200; i++ {
+				r, err := n.o.Next(context.Background(), 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r <= last {
+					t.Errorf("revision %d after %d on one goroutine", r, last)
+				}
+				last = r
+				mu.Lock()
+				got = append(got, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(got, func(i, j int) bool { return got[i] < got[j] })
+	for i, r := range got {
+		if r != int64(i)+2 {
+			t.Fatalf("revisions not dense from 2: position %d holds %d", i, r)
+		}
+	}
+	if c := n.o.Current(); c != got[len(got)-1] {
+		t.Fatalf("Current %d, last issued %d", c, got[len(got)-1])
+	}
+}
+
+func TestRestartAfterCrashAndAfterCleanStop(t *testing.T) {
+	fs := vfs.NewMem()
+	const window = 50
+	n := start(t, fs, window)
+	var last int64
+	for i := 0; i < 120; i++ {
+		r, err := n.o.Next(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r
+	}
+	n.stop(t, false) // a crash: the window is not shrunk
+	n = start(t, fs, window)
+	r, err := n.o.Next(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r <= last || r > last+2*window+1 {
+		t.Fatalf("after a crash at %d, next revision %d (window %d)", last, r, window)
+	}
+	last = r
+	n.stop(t, true) // clean: dense continuation
+	n = start(t, fs, window)
+	defer n.stop(t, true)
+	if r, _ := n.o.Next(context.Background(), 1); r != last+1 {
+		t.Fatalf("after a clean stop at %d, next revision %d", last, r)
+	}
+}
