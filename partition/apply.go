@@ -156,7 +156,8 @@ func (p *Partition) applyWrite(b *pebble.Batch, c *command) []*mvccpb.Event {
 		live := exists && !old.tombstone
 		var prev *mvccpb.KeyValue
 		if live {
-			if prev, err = versionAtOrBelow(b, m.key, old.mod, false); err != nil {
+			prev = &mvccpb.KeyValue{Key: m.key, ModRevision: old.mod}
+			if err := readValue(b, m.key, old.mod, prev); err != nil {
 				panic(err)
 			}
 		}

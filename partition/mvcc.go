@@ -186,10 +186,26 @@ func getAt(r pebble.Reader, key []byte, rev int64, noValue bool) (*mvccpb.KeyVal
 	if m.mod <= rev && m.tombstone {
 		return nil, nil
 	}
-	if m.mod <= rev && noValue {
-		return &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease}, nil
+	if m.mod <= rev {
+		kv := &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease}
+		if noValue {
+			return kv, nil
+		}
+		return kv, readValue(r, key, m.mod, kv)
 	}
-	return versionAtOrBelow(r, key, min(rev, m.mod), noValue)
+	return versionAtOrBelow(r, key, rev, noValue)
+}
+
+// readValue reads the value of key's version at rev (which the index says
+// exists) into kv with a point lookup.
+func readValue(r pebble.Reader, key []byte, rev int64, kv *mvccpb.KeyValue) error {
+	v, closer, err := r.Get(versionKey(key, rev))
+	if err != nil {
+		return fmt.Errorf("%w: version %d of %q: %v", errCorrupt, rev, key, err)
+	}
+	defer closer.Close()
+	_, err = decodeVersion(v, kv, false)
+	return err
 }
 
 // versionAtOrBelow returns the newest live version of key with revision <=
