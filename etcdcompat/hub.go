@@ -24,6 +24,8 @@ type EventSource interface {
 	CompactRevision() int64
 	// Events reads the event logs; see kvapi.Store.Events.
 	Events(from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, error)
+	// PrevValue loads the value of key's version at rev.
+	PrevValue(key []byte, rev int64) ([]byte, error)
 }
 
 // HubConfig configures a Hub.
@@ -82,8 +84,11 @@ type entry struct {
 	at     time.Time
 	size   int
 
-	mu  sync.Mutex
-	enc map[shape]*encoded // protected by mu
+	mu sync.Mutex
+	// prevMissing: the events' PrevKv lack values, loaded the first time a
+	// prev_kv shape is encoded. Protected by mu.
+	prevMissing bool
+	enc         map[shape]*encoded // protected by mu
 }
 
 // shape identifies watches that receive identical event bytes.
@@ -178,7 +183,7 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	invariant.Check(evs.Rev == 0 || evs.Rev > h.mu.frontier,
 		"partition %d published revision %d at or below the watch frontier %d", pid, evs.Rev, h.mu.frontier)
 	if evs.Rev > h.mu.frontier {
-		e := &entry{rev: evs.Rev, events: evs.Events, at: time.Now()}
+		e := &entry{rev: evs.Rev, events: evs.Events, at: time.Now(), prevMissing: evs.PrevValuesMissing}
 		for _, ev := range evs.Events {
 			e.size += ev.Size()
 		}
@@ -268,6 +273,10 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	if enc, ok := e.enc[*s]; ok {
 		return enc
 	}
+	if s.prevKV && e.prevMissing {
+		h.loadPrevValues(e.events)
+		e.prevMissing = false
+	}
 	enc := encodeEvents(e.events, s)
 	if e.enc == nil {
 		e.enc = make(map[shape]*encoded)
@@ -275,6 +284,23 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	e.enc[*s] = enc
 	h.encodes.Inc()
 	return enc
+}
+
+// loadPrevValues fills in the values of events' prev_kv. A value that
+// cannot be read (compacted away) leaves the event without a prev_kv.
+func (h *Hub) loadPrevValues(events []*mvccpb.Event) {
+	// Only PrevKv changes, under the entry's lock; matching reads the
+	// other fields of the events without it.
+	for _, ev := range events {
+		if ev.PrevKv == nil {
+			continue
+		}
+		if v, err := h.src.PrevValue(ev.PrevKv.Key, ev.PrevKv.ModRevision); err != nil {
+			ev.PrevKv = nil
+		} else {
+			ev.PrevKv.Value = v
+		}
+	}
 }
 
 // eventsField is the WatchResponse.events field tag (11, length-delimited).

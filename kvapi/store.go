@@ -571,6 +571,11 @@ func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partitio
 	return out, next, nil
 }
 
+// PrevValue loads the value of key's version at rev.
+func (s *Store) PrevValue(key []byte, rev int64) ([]byte, error) {
+	return s.partitionFor(key).PrevValue(key, rev)
+}
+
 // RequestClose asks every partition overlapping [key, end) to close rev.
 func (s *Store) RequestClose(rev int64) {
 	for _, p := range s.parts {

@@ -108,11 +108,11 @@ func (p *Partition) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, data []by
 			p.metrics.rejected.WithLabelValues("closed").Inc()
 			return applyResult{reject: rejectClosed}
 		}
-		evs := p.applyWrite(b, c)
+		evs := p.applyWrite(ac, c)
 		p.sm.closed = max(p.sm.closed, c.closed)
 		p.saveState(b)
 		closed := p.sm.closed
-		ac.AfterCommit(func() { p.published(RevEvents{Rev: c.rev, Events: evs}, closed) })
+		ac.AfterCommit(func() { p.published(RevEvents{Rev: c.rev, Events: evs, PrevValuesMissing: true}, closed) })
 	case cmdClose:
 		if c.closed > p.sm.closed {
 			p.sm.closed = c.closed
@@ -128,38 +128,44 @@ func (p *Partition) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, data []by
 			ac.AfterCommit(func() { p.compacted(rev) })
 		}
 	case cmdPurge:
+		var purged []string
 		for _, k := range c.keys {
-			m, ok, err := getMeta(b, k)
-			if err != nil {
-				panic(err)
-			}
+			m, ok := p.applyMeta(k)
 			if ok && m.tombstone && m.mod <= p.sm.compact {
 				mustDelete(b, indexKey(k))
+				p.round[string(k)] = meta{}
+				purged = append(purged, string(k))
 			}
 		}
+		ac.AfterCommit(func() {
+			for _, k := range purged {
+				p.index.del(k)
+				if p.round[k] == (meta{}) {
+					delete(p.round, k)
+				}
+			}
+		})
 	}
 	return applyResult{}
 }
 
 // applyWrite writes a write command's mutations at c.rev and returns its
 // events (with prev_kv) in mutation order.
-func (p *Partition) applyWrite(b *pebble.Batch, c *command) []*mvccpb.Event {
+func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb.Event {
+	b := ac.Batch
 	evs := make([]*mvccpb.Event, 0, len(c.muts))
+	written := make([]meta, len(c.muts))
 	rec := binary.AppendUvarint(nil, uint64(len(c.muts)))
 	var buf []byte
 	for i := range c.muts {
 		m := &c.muts[i]
-		old, exists, err := getMeta(b, m.key)
-		if err != nil {
-			panic(err)
-		}
+		old, exists := p.applyMeta(m.key)
 		live := exists && !old.tombstone
+		// The previous version's value is not read here: the feed's
+		// consumer loads it (PrevValue) if a watch asks for prev_kv.
 		var prev *mvccpb.KeyValue
 		if live {
-			prev = &mvccpb.KeyValue{Key: m.key, ModRevision: old.mod}
-			if err := readValue(b, m.key, old.mod, prev); err != nil {
-				panic(err)
-			}
+			prev = &mvccpb.KeyValue{Key: m.key, ModRevision: old.mod, CreateRevision: old.create, Version: old.version, Lease: old.lease}
 		}
 		switch m.kind {
 		case mutPut:
@@ -169,6 +175,7 @@ func (p *Partition) applyWrite(b *pebble.Batch, c *command) []*mvccpb.Event {
 			}
 			buf = nm.encode(buf[:0])
 			mustSet(b, indexKey(m.key), buf)
+			written[i] = nm
 			buf = encodeVersion(buf[:0], false, nm.create, nm.version, nm.lease, m.value)
 			mustSet(b, versionKey(m.key, c.rev), buf)
 			if live && old.lease != 0 && old.lease != m.lease {
@@ -189,7 +196,8 @@ func (p *Partition) applyWrite(b *pebble.Batch, c *command) []*mvccpb.Event {
 				// disagrees has diverged.
 				panic(fmt.Errorf("partition %d: delete of missing key %q at revision %d", p.id, m.key, c.rev))
 			}
-			buf = (&meta{tombstone: true, mod: c.rev}).encode(buf[:0])
+			written[i] = meta{tombstone: true, mod: c.rev}
+			buf = written[i].encode(buf[:0])
 			mustSet(b, indexKey(m.key), buf)
 			buf = encodeVersion(buf[:0], true, 0, 0, 0, nil)
 			mustSet(b, versionKey(m.key, c.rev), buf)
@@ -205,9 +213,28 @@ func (p *Partition) applyWrite(b *pebble.Batch, c *command) []*mvccpb.Event {
 		rec = append(rec, m.kind)
 		rec = binary.AppendUvarint(rec, uint64(len(m.key)))
 		rec = append(rec, m.key...)
+		p.round[string(m.key)] = written[i]
 	}
 	mustSet(b, eventKey(p.id, c.rev), rec)
+	ac.AfterCommit(func() {
+		for i := range c.muts {
+			k := string(c.muts[i].key)
+			p.index.set(k, written[i])
+			if p.round[k] == written[i] {
+				delete(p.round, k)
+			}
+		}
+	})
 	return evs
+}
+
+// applyMeta returns key's latest meta as of the commands applied so far,
+// including earlier commands of the current round.
+func (p *Partition) applyMeta(key []byte) (meta, bool) {
+	if m, ok := p.round[string(key)]; ok {
+		return m, m != (meta{})
+	}
+	return p.index.get(key)
 }
 
 // decodeEventRecord decodes an event log record into (kind, key) pairs.

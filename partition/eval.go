@@ -25,7 +25,10 @@ var (
 // mirrors etcd's storeTxnWrite: beginRev is the revision before the txn,
 // and once the txn has a change its reads are at beginRev+1.
 type view struct {
-	r          pebble.Reader
+	r pebble.Reader
+	// index, if set, holds the latest meta of every key (the leader's write
+	// path, where readRev is the latest revision).
+	index      *keyIndex
 	readRev    int64 // revision of "latest" reads in storage
 	beginRev   int64
 	compactRev int64
@@ -137,7 +140,7 @@ func (v *view) mergeOverlay(kvs []*mvccpb.KeyValue, count int64, start, stop []b
 		}
 		i, existed := byKey[k]
 		if !complete {
-			old, err := getAt(v.r, []byte(k), storageRev, true)
+			old, err := v.getAt([]byte(k), storageRev, true)
 			if err != nil {
 				return nil, 0, err
 			}
@@ -174,13 +177,37 @@ func (v *view) latest(key []byte) (*mvccpb.KeyValue, error) {
 	if kv, ok := v.overlay[string(key)]; ok {
 		return kv, nil
 	}
-	return getAt(v.r, key, v.readRev, false)
+	return v.getAt(key, v.readRev, false)
+}
+
+// latestMeta is latest without the value.
+func (v *view) latestMeta(key []byte) (*mvccpb.KeyValue, error) {
+	if kv, ok := v.overlay[string(key)]; ok {
+		return kv, nil
+	}
+	return v.getAt(key, v.readRev, true)
+}
+
+// getAt is getAt through the in-memory index when there is one.
+func (v *view) getAt(key []byte, rev int64, noValue bool) (*mvccpb.KeyValue, error) {
+	if v.index == nil || rev != latestRev {
+		return getAt(v.r, key, rev, noValue)
+	}
+	m, ok := v.index.get(key)
+	if !ok || m.tombstone {
+		return nil, nil
+	}
+	kv := &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease}
+	if noValue {
+		return kv, nil
+	}
+	return kv, readValue(v.r, key, m.mod, kv)
 }
 
 func (v *view) put(key, value []byte, lease int64) {
 	rev := v.beginRev + 1
 	kv := &mvccpb.KeyValue{Key: key, Value: value, CreateRevision: rev, ModRevision: rev, Version: 1, Lease: lease}
-	if old, _ := v.latest(key); old != nil {
+	if old, _ := v.latestMeta(key); old != nil {
 		kv.CreateRevision, kv.Version = old.CreateRevision, old.Version+1
 	}
 	v.setOverlay(key, kv)
@@ -374,6 +401,41 @@ func (v *view) executeDeleteRange(dr *pb.DeleteRangeRequest) (*pb.DeleteRangeRes
 	return resp, nil
 }
 
+// precheck evaluates rt's compares and etcd's checks of the ops on the
+// chosen path, without executing the ops. It returns the path and whether
+// the txn certainly writes (the chosen path has a put).
+func (v *view) precheck(rt *pb.TxnRequest) (path []bool, writes bool, err error) {
+	if path, err = v.compareToPath(rt); err != nil {
+		return nil, false, err
+	}
+	if _, err := v.checkTxn(rt, path); err != nil {
+		return nil, false, err
+	}
+	writes, _ = pathHasPut(rt, path)
+	return path, writes, nil
+}
+
+// pathHasPut reports whether the ops on path include a put, and how many
+// nested txns it consumed from path.
+func pathHasPut(rt *pb.TxnRequest, path []bool) (bool, int) {
+	reqs := rt.Success
+	if !path[0] {
+		reqs = rt.Failure
+	}
+	has, used := false, 0
+	for _, req := range reqs {
+		switch tv := req.Request.(type) {
+		case *pb.RequestOp_RequestPut:
+			has = true
+		case *pb.RequestOp_RequestTxn:
+			h, n := pathHasPut(tv.RequestTxn, path[1+used:])
+			has = has || h
+			used += n + 1
+		}
+	}
+	return has, used
+}
+
 // evalTxn evaluates rt as etcd's Txn does and returns the response; the
 // view's changes are the writes to apply.
 func (v *view) evalTxn(rt *pb.TxnRequest) (*pb.TxnResponse, error) {
@@ -480,7 +542,7 @@ func (v *view) checkTxn(rt *pb.TxnRequest, path []bool) (int, error) {
 			p := tv.RequestPut
 			if p.IgnoreValue || p.IgnoreLease {
 				var kv *mvccpb.KeyValue
-				if kv, err = getAt(v.r, p.Key, v.readRev, true); err == nil && kv == nil {
+				if kv, err = v.getAt(p.Key, v.readRev, true); err == nil && kv == nil {
 					err = ErrKeyNotFound
 				}
 			}

@@ -47,6 +47,10 @@ type Leases interface {
 type RevEvents struct {
 	Rev    int64
 	Events []*mvccpb.Event
+	// PrevValuesMissing: the events' PrevKv carry the previous version's
+	// metadata but not its value; load it with Partition.PrevValue. The feed
+	// publishes events this way so that apply reads nothing it may not need.
+	PrevValuesMissing bool
 }
 
 // Feed receives what a partition applies, in apply order, once it is
@@ -131,6 +135,11 @@ type Partition struct {
 
 	// sm is owned by the apply goroutine (raft worker).
 	sm smState
+	// index is the latest meta of every key, in memory; round holds the
+	// metas written by commands applied in the current, not yet committed,
+	// apply round (owned by the apply goroutine).
+	index *keyIndex
+	round map[string]meta
 
 	// closed is the applied closed revision; closedCh is closed (and
 	// replaced) whenever it advances.
@@ -179,6 +188,11 @@ func New(cfg Config) (*Partition, error) {
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
 	if err := p.loadState(); err != nil {
+		return nil, err
+	}
+	p.index = newKeyIndex()
+	p.round = make(map[string]meta)
+	if _, err := p.index.load(p.db, p.start, p.end); err != nil {
 		return nil, err
 	}
 	p.closed.Store(p.sm.closed)
@@ -411,13 +425,22 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	if !p.IsLeader() {
 		return nil, ErrNotLeader
 	}
-	// Dry run: decide whether the txn writes. Reads and failed compares
-	// consume no revision.
+	// Decide whether the txn writes: reads, failed compares and refused
+	// requests consume no revision. The compares and etcd's checks settle
+	// it when the chosen ops include a put; otherwise a dry run finds out
+	// (a delete may delete nothing).
 	cur := p.revs.Current()
-	dry := &view{r: p.db, readRev: latestRev, beginRev: cur, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
-	resp, err := dry.evalTxn(rt)
-	if err != nil || len(dry.changes) == 0 {
-		return resp, err
+	dry := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: cur, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
+	_, writes, err := dry.precheck(rt)
+	if err != nil {
+		return nil, err
+	}
+	var resp *pb.TxnResponse
+	if !writes {
+		resp, err = dry.evalTxn(rt)
+		if err != nil || len(dry.changes) == 0 {
+			return resp, err
+		}
 	}
 	w, term, err := p.register()
 	if err != nil {
@@ -430,7 +453,7 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	}
 	// Real run at the write's revision. The latches keep the state the dry
 	// run saw; leases it checked cannot be revoked under the latch.
-	v := &view{r: p.db, readRev: latestRev, beginRev: rev - 1, compactRev: dry.compactRev, leaseOK: func(int64) bool { return true }}
+	v := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: rev - 1, compactRev: dry.compactRev, leaseOK: func(int64) bool { return true }}
 	if resp, err = v.evalTxn(rt); err != nil {
 		p.abandon(w)
 		return nil, fmt.Errorf("partition %d: txn changed between evaluations: %w", p.id, err)

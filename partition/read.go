@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 
-	"github.com/brainkv/brain/engine"
 	"github.com/cockroachdb/pebble/v2"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -145,4 +144,14 @@ func (p *Partition) Get(ctx context.Context, key []byte, rev int64) (*mvccpb.Key
 	return getAt(p.db, key, rev, false)
 }
 
-var _ = engine.MVCCPrefix
+// PrevValue loads the value of key's version at rev (for a prev_kv the
+// feed published without its value). Versions a watch may still ask for are
+// never collected (see gc.go), so it is found unless the key's history below
+// the compaction revision is asked for.
+func (p *Partition) PrevValue(key []byte, rev int64) ([]byte, error) {
+	kv := &mvccpb.KeyValue{}
+	if err := readValue(p.db, key, rev, kv); err != nil {
+		return nil, err
+	}
+	return kv.Value, nil
+}

@@ -97,7 +97,7 @@ func TestWatchChecker(t *testing.T) {
 		},
 	}
 	for name, f := range mutate {
-		w := *good
+		w := Watch{Name: good.Name, Key: good.Key, End: good.End, Start: good.Start, PrevKV: good.PrevKV, Complete: good.Complete}
 		w.Resps = make([]Response, len(good.Resps))
 		for i, r := range good.Resps {
 			w.Resps[i] = Response{Progress: r.Progress, Header: r.Header, Events: append([]Event(nil), r.Events...)}
