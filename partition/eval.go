@@ -26,8 +26,8 @@ var (
 // and once the txn has a change its reads are at beginRev+1.
 type view struct {
 	r pebble.Reader
-	// index, if set, holds the latest meta of every key (the leader's write
-	// path, where readRev is the latest revision).
+	// index, if set, holds the latest meta of every key; reads at
+	// revisions it may not be current for resolve in storage.
 	index      *keyIndex
 	readRev    int64 // revision of "latest" reads in storage
 	beginRev   int64
@@ -89,7 +89,14 @@ func (v *view) rangeKeys(key, end []byte, ro rangeOpts) (*rangeResult, error) {
 	if !touched && ro.limit > 0 {
 		opts.limit = int(ro.limit)
 	}
-	kvs, count, err := scan(v.r, start, stop, opts)
+	var kvs []*mvccpb.KeyValue
+	var count int64
+	var err error
+	if v.index != nil {
+		kvs, count, err = v.index.indexedScan(v.r, start, stop, opts)
+	} else {
+		kvs, count, err = scan(v.r, start, stop, opts)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,63 +1,80 @@
 package partition
 
 import (
-	"hash/maphash"
+	"bytes"
+	"fmt"
 	"sync"
 
+	"github.com/brainkv/brain/engine"
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/btree"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
 // keyIndex holds the latest meta (the index key's content) of every key of
-// the partition in memory, as etcd's treeIndex does, so that evaluating and
-// applying a write costs no storage lookup for it.
+// the partition in memory, in key order, as etcd's treeIndex does. Writes
+// evaluate and apply without looking index keys up in storage, and range
+// reads count keys and find each key's version from memory, touching
+// storage only for the values they return.
 //
-// Apply updates it after the batch holding the change commits and before
-// proposers are woken (an AfterCommit hook), so a request that takes a
-// key's latch after the previous write released it sees that write. Within
-// one apply round, later commands see earlier commands' changes through the
-// partition's round overlay (Partition.round), not through the index.
+// Apply updates it after the batch holding a change commits, before
+// proposers are woken and before the closed revision covering the change
+// is published (both AfterCommit hooks, in order). So:
+//   - a request that takes a key's latch after the previous write to it
+//     released it sees that write;
+//   - a reader at revision R <= the closed revision finds every write at or
+//     below R; an entry may be newer than R (mod > R), which readers
+//     resolve in storage.
+//
+// Within one apply round, later commands see earlier commands' changes
+// through the partition's round overlay (Partition.round), not through the
+// index.
 type keyIndex struct {
-	seed   maphash.Seed
-	shards [64]indexShard
+	mu sync.RWMutex
+	t  *btree.BTreeG[indexItem] // protected by mu
 }
 
-type indexShard struct {
-	sync.RWMutex
-	m map[string]meta // protected by the shard lock
+type indexItem struct {
+	key string
+	m   meta
 }
+
+func itemLess(a, b indexItem) bool { return a.key < b.key }
 
 func newKeyIndex() *keyIndex {
-	x := &keyIndex{seed: maphash.MakeSeed()}
-	for i := range x.shards {
-		x.shards[i].m = make(map[string]meta)
-	}
-	return x
-}
-
-func (x *keyIndex) shard(key []byte) *indexShard {
-	return &x.shards[maphash.Bytes(x.seed, key)%uint64(len(x.shards))]
+	return &keyIndex{t: btree.NewG(32, itemLess)}
 }
 
 func (x *keyIndex) get(key []byte) (meta, bool) {
-	s := x.shard(key)
-	s.RLock()
-	m, ok := s.m[string(key)]
-	s.RUnlock()
-	return m, ok
+	x.mu.RLock()
+	it, ok := x.t.Get(indexItem{key: string(key)})
+	x.mu.RUnlock()
+	return it.m, ok
 }
 
 func (x *keyIndex) set(key string, m meta) {
-	s := x.shard([]byte(key))
-	s.Lock()
-	s.m[key] = m
-	s.Unlock()
+	x.mu.Lock()
+	x.t.ReplaceOrInsert(indexItem{key: key, m: m})
+	x.mu.Unlock()
 }
 
 func (x *keyIndex) del(key string) {
-	s := x.shard([]byte(key))
-	s.Lock()
-	delete(s.m, key)
-	s.Unlock()
+	x.mu.Lock()
+	x.t.Delete(indexItem{key: key})
+	x.mu.Unlock()
+}
+
+// ascend calls fn for the keys in [start, end) (end empty: unbounded) in
+// order, under the read lock, until fn returns false.
+func (x *keyIndex) ascend(start, end []byte, fn func(key string, m meta) bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	visit := func(it indexItem) bool { return fn(it.key, it.m) }
+	if len(end) == 0 {
+		x.t.AscendGreaterOrEqual(indexItem{key: string(start)}, visit)
+		return
+	}
+	x.t.AscendRange(indexItem{key: string(start)}, indexItem{key: string(end)}, visit)
 }
 
 // load reads every index key of [start, end) from r.
@@ -90,3 +107,102 @@ func (x *keyIndex) load(r pebble.Reader, start, end []byte) (int, error) {
 	return n, it.Error()
 }
 
+// indexedScan is scan, driven by the in-memory index: the range's keys and
+// their latest metas come from memory; storage is read only for the values
+// returned and for keys changed after opts.rev. opts.rev must be closed
+// here (or be latestRev on the leader's write path, under latches).
+func (x *keyIndex) indexedScan(r pebble.Reader, start, end []byte, opts scanOptions) ([]*mvccpb.KeyValue, int64, error) {
+	// Phase 1, under the read lock: the candidates, in key order. A key
+	// whose latest change is at or below rev is settled by its meta; a key
+	// changed after rev needs storage to tell its state at rev.
+	var items []indexItem
+	x.ascend(start, end, func(key string, m meta) bool {
+		if m.mod > opts.rev || !m.tombstone {
+			items = append(items, indexItem{key: key, m: m})
+		}
+		return true
+	})
+	// Phase 2: count, and materialize up to the limit.
+	var it *pebble.Iterator
+	defer func() {
+		if it != nil {
+			it.Close()
+		}
+	}()
+	iter := func() (*pebble.Iterator, error) {
+		if it == nil {
+			lo, hi := rangeBounds(start, end)
+			var err error
+			it, err = r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+			return it, err
+		}
+		return it, nil
+	}
+	var kvs []*mvccpb.KeyValue
+	var count int64
+	room := func() bool { return !opts.countOnly && (opts.limit == 0 || len(kvs) < opts.limit) }
+	for _, item := range items {
+		key, m := []byte(item.key), item.m
+		if m.mod <= opts.rev {
+			count++
+			if !room() {
+				continue
+			}
+			if opts.keysOnly {
+				kvs = append(kvs, &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease})
+				continue
+			}
+			it, err := iter()
+			if err != nil {
+				return nil, 0, err
+			}
+			kv, err := seekVersion(it, key, m.mod, false)
+			if err != nil {
+				return nil, 0, err
+			}
+			if kv == nil || kv.ModRevision != m.mod {
+				return nil, 0, fmt.Errorf("%w: version %d of %q missing", errCorrupt, m.mod, key)
+			}
+			kvs = append(kvs, kv)
+			continue
+		}
+		it, err := iter()
+		if err != nil {
+			return nil, 0, err
+		}
+		kv, err := seekVersion(it, key, opts.rev, opts.keysOnly || !room())
+		if err != nil {
+			return nil, 0, err
+		}
+		if kv == nil {
+			continue
+		}
+		count++
+		if room() {
+			kvs = append(kvs, kv)
+		}
+	}
+	return kvs, count, nil
+}
+
+// seekVersion positions it at key's newest version <= rev and decodes it;
+// nil if there is none or it is a tombstone.
+func seekVersion(it *pebble.Iterator, key []byte, rev int64, noValue bool) (*mvccpb.KeyValue, error) {
+	prefix := mvccKeyPrefix(nil, key)
+	if !it.SeekGE(engine.PutUint64(append([]byte(nil), prefix...), ^uint64(rev))) {
+		return nil, it.Error()
+	}
+	p, suffix, ok := splitMVCCKey(it.Key())
+	if !ok {
+		return nil, errCorrupt
+	}
+	if !bytes.Equal(p, prefix) || suffix == 0 {
+		return nil, nil
+	}
+	kv := &mvccpb.KeyValue{Key: key, ModRevision: int64(^suffix)}
+	tomb, err := decodeVersion(it.Value(), kv, noValue)
+	if err != nil || tomb {
+		return nil, err
+	}
+	return kv, nil
+}

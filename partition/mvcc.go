@@ -246,8 +246,10 @@ type scanOptions struct {
 	countOnly bool  // materialize nothing
 }
 
-// scan reads the live keys in [start, end) at opts.rev in key order. It
-// returns up to opts.limit kvs and the count of all live keys in the range.
+// scan reads the live keys in [start, end) at opts.rev in key order from
+// storage alone. It returns up to opts.limit kvs and the count of all live
+// keys in the range. Partitions read through keyIndex.indexedScan; scan is
+// the reference it is tested against, and serves views without an index.
 func scan(r pebble.Reader, start, end []byte, opts scanOptions) ([]*mvccpb.KeyValue, int64, error) {
 	lo, hi := rangeBounds(start, end)
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})

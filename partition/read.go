@@ -50,7 +50,7 @@ func (p *Partition) scanClosed(key, end []byte, rev int64, o ScanOptions) ([]*mv
 	if !ok {
 		return nil, 0, nil
 	}
-	return scan(p.db, k, e, scanOptions{rev: rev, limit: int(o.Limit), keysOnly: o.KeysOnly, countOnly: o.CountOnly})
+	return p.index.indexedScan(p.db, k, e, scanOptions{rev: rev, limit: int(o.Limit), keysOnly: o.KeysOnly, countOnly: o.CountOnly})
 }
 
 // ReadTxn evaluates a read-only txn at revision rev (waiting until rev is
@@ -59,7 +59,7 @@ func (p *Partition) ReadTxn(ctx context.Context, rt *pb.TxnRequest, rev int64) (
 	if err := p.WaitClosed(ctx, rev); err != nil {
 		return nil, err
 	}
-	v := &view{r: p.db, readRev: rev, beginRev: rev, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
+	v := &view{r: p.db, index: p.index, readRev: rev, beginRev: rev, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
 	return v.evalTxn(rt)
 }
 
