@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# compare.sh benchmarks brain against the reference etcd 3.6 side by side.
+#
+# It builds brainnode, etcdref (etcd 3.6 from go.etcd.io/etcd/server/v3/embed)
+# and brainbench, starts one of each server on free loopback ports with fresh
+# data directories, runs `brainbench all` and `brainbench watch` against
+# brain and then against etcd with the same parameters, prints a table of
+# brain/etcd ratios, and stops both servers. It exits non-zero if any
+# benchmark failed (errors or a failed watch verification) or a server did
+# not start or stop cleanly.
+#
+# Every parameter can be set as an environment variable or as a flag:
+#
+#   bench/compare.sh --total 100000 --rate 1000
+#   TOTAL=100000 RATE=1000 bench/compare.sh
+#
+# Run bench/compare.sh --help for the list.
+set -euo pipefail
+
+CLIENTS=${CLIENTS:-64}            # concurrent workers
+CONNS=${CONNS:-16}                # gRPC connections
+VALUE_SIZE=${VALUE_SIZE:-1024}    # bytes per value
+TOTAL=${TOTAL:-20000}             # operations of create, update and put
+LIST_TOTAL=${LIST_TOTAL:-100}     # full lists in the list phase
+KEYS=${KEYS:-10000}               # key space of update, put and list
+PAGE_SIZE=${PAGE_SIZE:-500}       # keys per list page
+WATCHERS=${WATCHERS:-100}         # watch streams
+RATE=${RATE:-500}                 # writes/s during the watch benchmark
+WATCH_DURATION=${WATCH_DURATION:-10s}
+WATCH_KEYS=${WATCH_KEYS:-1000}    # keys the watch writes cycle over
+SEED=${SEED:-1}
+QUOTA=${QUOTA:-8589934592}        # --quota-backend-bytes of both servers
+BIN_DIR=${BIN_DIR:-}              # where to build; default: the temp dir
+KEEP=${KEEP:-0}                   # 1: keep the temp dir (data, logs, JSON)
+
+usage() {
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	echo "Flags (environment variable in brackets, current value after =):"
+	for v in CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED QUOTA BIN_DIR KEEP; do
+		flag=$(echo "$v" | tr 'A-Z_' 'a-z-')
+		printf '  --%-16s [%s] = %s\n' "$flag" "$v" "${!v}"
+	done
+}
+
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	-h | --help) usage; exit 0 ;;
+	--keep) KEEP=1; shift ;;
+	--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
+	--*)
+		[[ $# -ge 2 ]] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
+		var=$(echo "${1#--}" | tr 'a-z-' 'A-Z_')
+		case " CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED QUOTA BIN_DIR KEEP " in
+		*" $var "*) printf -v "$var" '%s' "$2" ;;
+		*) echo "compare.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
+		esac
+		shift 2
+		;;
+	*) echo "compare.sh: unexpected argument $1 (see --help)" >&2; exit 2 ;;
+	esac
+done
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-compare.XXXXXX")
+BIN=${BIN_DIR:-$WORK/bin}
+declare -A PID=()
+FAILED=0
+
+say() { echo "== $*" >&2; }
+
+# stop_server sends SIGTERM to a server and waits up to 30 s for it; a
+# server that does not exit cleanly counts as a failure.
+stop_server() {
+	local name=$1 pid=${PID[$1]:-}
+	[[ -n $pid ]] || return 0
+	unset "PID[$name]"
+	kill -TERM "$pid" 2>/dev/null || true
+	for _ in $(seq 300); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		say "$name (pid $pid) did not stop within 30s after SIGTERM; killing it"
+		kill -KILL "$pid" 2>/dev/null || true
+		FAILED=1
+	fi
+	local rc=0
+	wait "$pid" 2>/dev/null || rc=$?
+	if [[ $rc -ne 0 ]]; then
+		say "$name exited with status $rc after SIGTERM (log: $WORK/$name.log)"
+		FAILED=1
+	fi
+}
+
+cleanup() {
+	local name
+	for name in "${!PID[@]}"; do
+		stop_server "$name"
+	done
+	if [[ $KEEP == 1 ]]; then
+		say "kept $WORK"
+	else
+		rm -rf "$WORK"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_server NAME ENDPOINT CMD...: start a server in the background and
+# wait until it serves reads.
+start_server() {
+	local name=$1 endpoint=$2
+	shift 2
+	say "starting $name on $endpoint"
+	"$@" >"$WORK/$name.log" 2>&1 &
+	PID[$name]=$!
+	if ! "$BIN/brainbench" wait --endpoints "$endpoint" --timeout 60s; then
+		say "$name did not become ready; last log lines:"
+		tail -n 20 "$WORK/$name.log" >&2
+		exit 1
+	fi
+}
+
+# run_benchmarks NAME ENDPOINT: run all and watch, appending JSON results
+# to $WORK/NAME.jsonl; failures are recorded, not fatal.
+run_benchmarks() {
+	local name=$1 endpoint=$2
+	local common=(--endpoints "$endpoint" --clients "$CLIENTS" --conns "$CONNS"
+		--value-size "$VALUE_SIZE" --seed "$SEED" --json-out "$WORK/$name.jsonl")
+	: >"$WORK/$name.jsonl"
+	printf '\n### %s (%s)\n' "$name" "$endpoint"
+	say "$name: create, update, put, list (total $TOTAL, list-total $LIST_TOTAL, keys $KEYS)"
+	"$BIN/brainbench" all "${common[@]}" --total "$TOTAL" --list-total "$LIST_TOTAL" \
+		--keys "$KEYS" --page-size "$PAGE_SIZE" || { say "$name: all FAILED"; FAILED=1; }
+	say "$name: watch ($WATCHERS watchers, $RATE writes/s for $WATCH_DURATION)"
+	"$BIN/brainbench" watch "${common[@]}" --watchers "$WATCHERS" --rate "$RATE" \
+		--duration "$WATCH_DURATION" --keys "$WATCH_KEYS" || { say "$name: watch FAILED"; FAILED=1; }
+	if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+		say "$name died during the benchmarks; last log lines:"
+		tail -n 20 "$WORK/$name.log" >&2
+		unset "PID[$name]"
+		FAILED=1
+	fi
+}
+
+say "building into $BIN"
+mkdir -p "$BIN"
+(cd "$ROOT" && go build -o "$BIN/brainnode" ./cmd/brainnode &&
+	go build -o "$BIN/etcdref" ./cmd/etcdref &&
+	go build -o "$BIN/brainbench" ./cmd/brainbench)
+
+mapfile -t PORTS < <("$BIN/brainbench" free-ports -n 4)
+BRAIN_EP=127.0.0.1:${PORTS[0]}
+ETCD_EP=127.0.0.1:${PORTS[2]}
+
+start_server brain "$BRAIN_EP" "$BIN/brainnode" --data-dir "$WORK/brain.data" \
+	--listen-client-urls "http://$BRAIN_EP" --listen-peer-urls "http://127.0.0.1:${PORTS[1]}" \
+	--quota-backend-bytes "$QUOTA" --log-level warn
+start_server etcd "$ETCD_EP" "$BIN/etcdref" --data-dir "$WORK/etcd.data" \
+	--listen-client-urls "http://$ETCD_EP" --listen-peer-urls "http://127.0.0.1:${PORTS[3]}" \
+	--quota-backend-bytes "$QUOTA"
+
+say "parameters: clients $CLIENTS, conns $CONNS, value $VALUE_SIZE B, $(nproc) CPUs"
+run_benchmarks brain "$BRAIN_EP"
+run_benchmarks etcd "$ETCD_EP"
+
+say "data directory sizes: brain $(du -sh "$WORK/brain.data" | cut -f1), etcd $(du -sh "$WORK/etcd.data" | cut -f1)"
+stop_server brain
+stop_server etcd
+
+echo
+echo "brain vs etcd 3.6 (thru ratio > 1: brain faster; p99 ratio < 1: brain lower latency)"
+"$BIN/brainbench" compare --names brain,etcd "$WORK/brain.jsonl" "$WORK/etcd.jsonl" || FAILED=1
+
+if [[ $FAILED -ne 0 ]]; then
+	say "FAILED: see the messages above"
+	exit 1
+fi

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/internal/testutil"
+	"github.com/brainkv/brain/server"
+)
+
+// testConfig is a tiny run against endpoint.
+func testConfig(endpoint string) Config {
+	cfg := DefaultConfig()
+	cfg.Endpoints = []string{endpoint}
+	cfg.Clients, cfg.Conns = 4, 2
+	cfg.Total = 200
+	cfg.Keys = 100
+	cfg.PageSize = 30
+	cfg.ValueSize = 256
+	cfg.OpTimeout = 10 * time.Second
+	return cfg
+}
+
+// checkResult asserts that a bounded benchmark ran every operation
+// without errors and measured something plausible.
+func checkResult(t *testing.T, r Result, wantOps int64) {
+	t.Helper()
+	if r.Ops != wantOps || r.Errors != 0 || r.Failed() {
+		t.Fatalf("%s: ops %d errors %d (first %q), want %d ops and no errors", r.Name, r.Ops, r.Errors, r.FirstError, wantOps)
+	}
+	if r.Throughput <= 0 || r.Seconds <= 0 {
+		t.Fatalf("%s: throughput %v over %v s", r.Name, r.Throughput, r.Seconds)
+	}
+	if !(0 < r.P50 && r.P50 <= r.P90 && r.P90 <= r.P99 && r.P99 <= r.Max) {
+		t.Fatalf("%s: percentiles not ordered: p50 %v p90 %v p99 %v max %v", r.Name, r.P50, r.P90, r.P99, r.Max)
+	}
+}
+
+func TestBenchmarksAgainstEtcd(t *testing.T) {
+	runAllBenchmarks(t, testutil.StartEtcd(t))
+}
+
+func TestBenchmarksAgainstBrain(t *testing.T) {
+	runAllBenchmarks(t, testutil.Endpoint(testutil.StartBrain(t, server.Config{})))
+}
+
+// runAllBenchmarks runs every benchmark with tiny totals against endpoint.
+func runAllBenchmarks(t *testing.T, endpoint string) {
+	ctx := context.Background()
+	cfg := testConfig(endpoint)
+
+	t.Run("create", func(t *testing.T) {
+		r, err := RunCreate(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, cfg.Total)
+	})
+	t.Run("update", func(t *testing.T) {
+		r, err := RunUpdate(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, cfg.Total)
+	})
+	t.Run("put", func(t *testing.T) {
+		r, err := RunPut(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, cfg.Total)
+	})
+	t.Run("list", func(t *testing.T) {
+		c := cfg
+		c.Total = 20
+		r, err := RunList(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, c.Total)
+		if r.KeysPerList != int64(c.Keys) || r.Pages != 4 {
+			t.Fatalf("list: %d keys in %d pages, want %d keys in 4 pages", r.KeysPerList, r.Pages, c.Keys)
+		}
+	})
+	t.Run("watch", func(t *testing.T) {
+		c := cfg
+		c.Watchers, c.Rate, c.Duration, c.Total, c.Keys = 10, 200, time.Second, 0, 50
+		r, err := RunWatch(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Watch == nil || !r.Watch.Verified {
+			t.Fatalf("watch verification failed: %+v", r.Watch)
+		}
+		if r.Watch.Writes != 200 || r.Watch.WriteErrors != 0 {
+			t.Fatalf("watch: %d writes, %d failed, want 200 and 0", r.Watch.Writes, r.Watch.WriteErrors)
+		}
+		checkResult(t, r, 200*10)
+	})
+	t.Run("duration-bound", func(t *testing.T) {
+		c := cfg
+		c.Total, c.Duration = 0, 300*time.Millisecond
+		r, err := RunPut(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ops == 0 || r.Errors != 0 || r.Seconds < 0.3 || r.Seconds > 5 {
+			t.Fatalf("put for 300ms: %d ops, %d errors in %.2fs", r.Ops, r.Errors, r.Seconds)
+		}
+	})
+	t.Run("all", func(t *testing.T) {
+		var progress bytes.Buffer
+		c := cfg
+		c.Progress = &progress
+		rs, err := RunAll(ctx, c, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := []string{"create", "update", "put", "list"}
+		if len(rs) != len(names) {
+			t.Fatalf("all ran %d benchmarks, want %d", len(rs), len(names))
+		}
+		for i, r := range rs {
+			if r.Name != names[i] {
+				t.Fatalf("benchmark %d is %s, want %s", i, r.Name, names[i])
+			}
+			checkResult(t, r, map[bool]int64{true: 10, false: c.Total}[r.Name == "list"])
+		}
+	})
+}

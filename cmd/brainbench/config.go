@@ -1,0 +1,121 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+)
+
+// Config holds the parameters of a benchmark run. The zero value is not
+// usable; start from DefaultConfig.
+type Config struct {
+	Endpoints []string      // etcd client endpoints, host:port or URLs
+	Clients   int           // concurrent workers (writers for watch)
+	Conns     int           // gRPC connections the workers are spread over
+	Total     int64         // operations per benchmark; 0: bounded by Duration only
+	Duration  time.Duration // run time per benchmark; 0: bounded by Total only
+	ValueSize int           // bytes per value
+	KeyPrefix string        // every key the benchmark touches starts with this
+	Keys      int           // key space size for update, put, list and watch
+	Seed      int64         // seeds the per-worker random generators
+	PageSize  int           // list: keys per page
+	OpTimeout time.Duration // deadline of one operation
+	// MaxRetries bounds the conflict retries of one update (kube retries
+	// forever; a bound keeps the benchmark finite).
+	MaxRetries int
+	// MaxErrors stops a load early once more operations than this have
+	// failed, so that a dead endpoint does not cost Total timeouts.
+	MaxErrors int64
+
+	Watchers     int           // watch: number of watch streams
+	Rate         int           // watch: writes per second
+	DrainTimeout time.Duration // watch: how long to wait for stragglers after the writes
+
+	// Progress receives a status line every second while a benchmark runs;
+	// nil disables progress reporting.
+	Progress io.Writer
+}
+
+// DefaultConfig returns the defaults documented in the command help.
+func DefaultConfig() Config {
+	return Config{
+		Endpoints:    []string{"127.0.0.1:2379"},
+		Clients:      64,
+		Conns:        16,
+		Total:        10000,
+		ValueSize:    1024,
+		KeyPrefix:    "/registry/configmaps/bench/",
+		Keys:         10000,
+		Seed:         1,
+		PageSize:     500,
+		OpTimeout:    30 * time.Second,
+		MaxRetries:   100,
+		MaxErrors:    100,
+		Watchers:     100,
+		Rate:         1000,
+		DrainTimeout: 30 * time.Second,
+	}
+}
+
+// watchValueHeader is the size of the header of a watch benchmark value:
+// write time in unix nanoseconds, then the write's sequence number, both
+// big-endian uint64.
+const watchValueHeader = 16
+
+// validate reports the first unusable setting.
+func (c *Config) validate() error {
+	switch {
+	case len(c.Endpoints) == 0:
+		return errors.New("--endpoints: need at least one endpoint")
+	case c.Clients < 1:
+		return errors.New("--clients must be at least 1")
+	case c.Conns < 1:
+		return errors.New("--conns must be at least 1")
+	case c.Total < 0 || c.Duration < 0:
+		return errors.New("--total and --duration must not be negative")
+	case c.Total == 0 && c.Duration == 0:
+		return errors.New("set --total or --duration: every run must be bounded")
+	case c.ValueSize < watchValueHeader:
+		return fmt.Errorf("--value-size must be at least %d bytes", watchValueHeader)
+	case c.KeyPrefix == "":
+		return errors.New("--key-prefix must not be empty")
+	case c.Keys < 1:
+		return errors.New("--keys must be at least 1")
+	case c.PageSize < 1:
+		return errors.New("--page-size must be at least 1")
+	case c.OpTimeout <= 0:
+		return errors.New("--op-timeout must be positive")
+	}
+	return nil
+}
+
+// conns is the number of connections actually opened: never more than
+// there are workers.
+func (c *Config) conns() int { return min(c.Conns, c.Clients) }
+
+// keyName returns key i of a benchmark's key group: the groups keep the
+// benchmarks of one run apart, so that a list does not see the keys a
+// create wrote before it.
+func keyName(prefix, group string, i int64) string {
+	return prefix + group + "-" + zeroPad(i)
+}
+
+// groupPrefix is the prefix shared by all keys of a group.
+func groupPrefix(prefix, group string) string { return prefix + group + "-" }
+
+// zeroPad formats i with at least 8 digits, so that keys sort numerically.
+func zeroPad(i int64) string {
+	s := strconv.FormatInt(i, 10)
+	if len(s) >= 8 {
+		return s
+	}
+	return "00000000"[len(s):] + s
+}
+
+// runID returns a token unique to this run, used in key groups that must
+// not collide with earlier runs against the same store.
+func runID() string {
+	return strconv.FormatInt(time.Now().UnixNano(), 36)
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// pool is a set of etcd clients, each with its own gRPC connection.
+type pool struct {
+	clients []*clientv3.Client
+}
+
+// dialTimeout bounds connecting to the endpoints.
+const dialTimeout = 10 * time.Second
+
+// dial opens cfg.conns() clients to cfg.Endpoints and makes one read on
+// each, so that an unreachable endpoint fails fast and no measured
+// operation pays for connection setup.
+func dial(ctx context.Context, cfg Config) (*pool, error) {
+	p := &pool{}
+	for range cfg.conns() {
+		c, err := clientv3.New(clientv3.Config{
+			Endpoints:   cfg.Endpoints,
+			DialTimeout: dialTimeout,
+			Logger:      zap.NewNop(),
+		})
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("connect to %v: %w", cfg.Endpoints, err)
+		}
+		p.clients = append(p.clients, c)
+		if err := warmUp(ctx, c); err != nil {
+			p.close()
+			return nil, fmt.Errorf("connect to %v: %w", cfg.Endpoints, err)
+		}
+	}
+	return p, nil
+}
+
+// warmUp makes one read on c.
+func warmUp(ctx context.Context, c *clientv3.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	_, err := c.Get(ctx, "brainbench-ping")
+	return err
+}
+
+// client returns the client of worker i: workers are spread round-robin.
+func (p *pool) client(i int) *clientv3.Client { return p.clients[i%len(p.clients)] }
+
+func (p *pool) close() {
+	for _, c := range p.clients {
+		c.Close()
+	}
+}
+
+// worker is the state of one load goroutine. Only its goroutine touches it
+// until the load finishes.
+type worker struct {
+	id        int
+	cli       *clientv3.Client
+	rng       *rand.Rand
+	value     []byte // value-size bytes of filler, stamped per operation
+	hist      Histogram
+	errors    int64
+	conflicts int64 // update: failed compares that were retried
+	firstErr  error
+}
+
+func newWorker(cfg Config, p *pool, id int) *worker {
+	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(id)))
+	return &worker{id: id, cli: p.client(id), rng: rng, value: filler(rng, cfg.ValueSize)}
+}
+
+// filler returns n printable pseudo-random bytes.
+func filler(rng *rand.Rand, n int) []byte {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[rng.IntN(len(alphabet))]
+	}
+	return b
+}
+
+// opFunc performs operation number seq (0-based, unique across workers).
+type opFunc func(ctx context.Context, w *worker, seq int64) error
+
+// loadStats is what a load loop measured.
+type loadStats struct {
+	ops       int64 // successful operations
+	errors    int64
+	conflicts int64
+	elapsed   time.Duration
+	hist      Histogram
+	firstErr  error
+}
+
+// paceFunc returns when, relative to the start of the load, operation seq
+// is due; a worker waits until then before it starts the operation's
+// clock. A nil paceFunc runs operations back to back.
+type paceFunc func(seq int64) time.Duration
+
+// runLoad runs op on cfg.Clients workers until cfg.Total operations have
+// been issued or cfg.Duration has passed, whichever comes first. Failed
+// operations are counted, not retried; once more than cfg.MaxErrors have
+// failed, no more are issued.
+func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, pace paceFunc) loadStats {
+	workers := make([]*worker, cfg.Clients)
+	for i := range workers {
+		workers[i] = newWorker(cfg, p, i)
+	}
+	var issued, done, failed atomic.Int64
+	start := time.Now()
+	var deadline time.Time
+	if cfg.Duration > 0 {
+		deadline = start.Add(cfg.Duration)
+	}
+	stopProgress := startProgress(cfg.Progress, name, "ops/s", cfg.Total, &done)
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			for ctx.Err() == nil && (deadline.IsZero() || time.Now().Before(deadline)) && failed.Load() <= cfg.MaxErrors {
+				seq := issued.Add(1) - 1
+				if cfg.Total > 0 && seq >= cfg.Total {
+					return
+				}
+				if pace != nil && !sleepUntil(ctx, start.Add(pace(seq))) {
+					return
+				}
+				if !runOp(ctx, cfg.OpTimeout, w, seq, op) {
+					failed.Add(1)
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopProgress()
+	return collect(workers, elapsed)
+}
+
+// sleepUntil waits until t; it returns false if ctx ended first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// runOp runs one operation under its own deadline and records the result;
+// it reports whether the operation succeeded.
+func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op opFunc) bool {
+	opCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.Now()
+	err := op(opCtx, w, seq)
+	lat := time.Since(t)
+	if err != nil {
+		w.errors++
+		if w.firstErr == nil {
+			w.firstErr = fmt.Errorf("op %d: %w", seq, err)
+		}
+		return false
+	}
+	w.hist.Record(lat)
+	return true
+}
+
+// collect merges the workers' measurements.
+func collect(workers []*worker, elapsed time.Duration) loadStats {
+	s := loadStats{elapsed: elapsed}
+	for _, w := range workers {
+		s.hist.Merge(&w.hist)
+		s.errors += w.errors
+		s.conflicts += w.conflicts
+		if s.firstErr == nil {
+			s.firstErr = w.firstErr
+		}
+	}
+	s.ops = int64(s.hist.Count())
+	return s
+}
+
+// startProgress prints a line to out every second with the count done so
+// far and its rate over the last second, in unit, until the returned function is
+// called. A nil out disables it.
+func startProgress(out io.Writer, name, unit string, total int64, done *atomic.Int64) (stop func()) {
+	if out == nil {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		start := time.Now()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		var last int64
+		lastT := start
+		for {
+			select {
+			case <-quit:
+				return
+			case now := <-tick.C:
+				n := done.Load()
+				rate := float64(n-last) / now.Sub(lastT).Seconds()
+				fmt.Fprintf(out, "[%s] %5.1fs  done %s  %.0f %s\n", name, now.Sub(start).Seconds(), progressCount(n, total), rate, unit)
+				last, lastT = n, now
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
+}
+
+func progressCount(n, total int64) string {
+	if total > 0 {
+		return fmt.Sprintf("%d/%d", n, total)
+	}
+	return fmt.Sprint(n)
+}
