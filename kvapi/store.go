@@ -205,8 +205,11 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 	if err != nil {
 		return nil, err
 	}
+	// Ask every partition to close at once, so their waits overlap.
 	for _, p := range parts {
-		p.RequestClose(readRev)
+		if !p.ReadableAt(readRev) {
+			p.RequestClose(readRev)
+		}
 	}
 	limit := partition.RangeLimit(r)
 	var kvs []*mvccpb.KeyValue

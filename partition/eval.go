@@ -54,9 +54,10 @@ type rangeResult struct {
 }
 
 type rangeOpts struct {
-	limit int64
-	rev   int64
-	count bool
+	limit    int64
+	rev      int64
+	count    bool
+	keysOnly bool // values are not needed (internal: compares)
 }
 
 // rangeKeys mirrors storeTxnCommon.rangeKeys, through the overlay.
@@ -85,7 +86,7 @@ func (v *view) rangeKeys(key, end []byte, ro rangeOpts) (*rangeResult, error) {
 		stop = append(append([]byte(nil), key...), 0)
 	}
 	touched := useOverlay && v.overlayTouches(start, stop, point)
-	opts := scanOptions{rev: storageRev, countOnly: ro.count}
+	opts := scanOptions{rev: storageRev, countOnly: ro.count, keysOnly: ro.keysOnly}
 	if !touched && ro.limit > 0 {
 		opts.limit = int(ro.limit)
 	}
@@ -604,7 +605,8 @@ func (v *view) applyCompares(cmps []*pb.Compare) (bool, error) {
 }
 
 func (v *view) applyCompare(c *pb.Compare) (bool, error) {
-	rr, err := v.rangeKeys(c.Key, mkGteRange(c.RangeEnd), rangeOpts{})
+	// Only a value compare needs values.
+	rr, err := v.rangeKeys(c.Key, mkGteRange(c.RangeEnd), rangeOpts{keysOnly: c.Target != pb.Compare_VALUE})
 	if err != nil {
 		return false, err
 	}

@@ -141,6 +141,9 @@ func (x *keyIndex) indexedScan(r pebble.Reader, start, end []byte, opts scanOpti
 	var kvs []*mvccpb.KeyValue
 	var count int64
 	room := func() bool { return !opts.countOnly && (opts.limit == 0 || len(kvs) < opts.limit) }
+	// A few values are cheaper to fetch by exact key (bloom filters, no
+	// iterator); many are cheaper with one iterator moving forward.
+	pointReads := len(items) <= 8 || opts.limit > 0 && opts.limit <= 8
 	for _, item := range items {
 		key, m := []byte(item.key), item.m
 		if m.mod <= opts.rev {
@@ -152,16 +155,22 @@ func (x *keyIndex) indexedScan(r pebble.Reader, start, end []byte, opts scanOpti
 				kvs = append(kvs, &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease})
 				continue
 			}
-			it, err := iter()
-			if err != nil {
-				return nil, 0, err
-			}
-			kv, err := seekVersion(it, key, m.mod, false)
-			if err != nil {
-				return nil, 0, err
-			}
-			if kv == nil || kv.ModRevision != m.mod {
-				return nil, 0, fmt.Errorf("%w: version %d of %q missing", errCorrupt, m.mod, key)
+			kv := &mvccpb.KeyValue{Key: key, ModRevision: m.mod}
+			if pointReads {
+				if err := readValue(r, key, m.mod, kv); err != nil {
+					return nil, 0, err
+				}
+			} else {
+				it, err := iter()
+				if err != nil {
+					return nil, 0, err
+				}
+				if kv, err = seekVersion(it, key, m.mod, false); err != nil {
+					return nil, 0, err
+				}
+				if kv == nil || kv.ModRevision != m.mod {
+					return nil, 0, fmt.Errorf("%w: version %d of %q missing", errCorrupt, m.mod, key)
+				}
 			}
 			kvs = append(kvs, kv)
 			continue

@@ -101,7 +101,7 @@ func (p *Partition) deleteKeysLatched(ctx context.Context, keys [][]byte) (int, 
 		muts[i] = mutation{kind: mutDelete, key: k}
 	}
 	cmd := (&command{kind: cmdWrite, term: term, rev: rev, muts: muts}).encode()
-	res, err := p.proposeWrite(ctx, w, term, cmd)
+	res, err := p.proposeWrite(ctx, w, term, rev, cmd)
 	if err != nil {
 		return 0, err
 	}

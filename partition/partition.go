@@ -154,6 +154,9 @@ type Partition struct {
 		ready      bool       // leader and ready to evaluate; protected by prop
 		term       uint64     // leader term; protected by prop
 		inflight   *list.List // of *inflightWrite, registration order; protected by prop
+		// unapplied counts proposed writes per revision that have not
+		// applied and published yet; protected by prop.
+		unapplied map[int64]int
 		lastClosed int64      // highest closed revision proposed; protected by prop
 		demand     int64      // highest revision a reader waits to see closed; protected by prop
 		closing    bool       // a close command is in flight; protected by prop
@@ -187,6 +190,7 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
+	p.prop.unapplied = make(map[int64]int)
 	if err := p.loadState(); err != nil {
 		return nil, err
 	}
@@ -274,12 +278,40 @@ func (p *Partition) closedChan() <-chan struct{} {
 	return p.closedCh
 }
 
-// WaitClosed waits until the closed revision is >= rev, asking the leader
-// to close it.
+// localClosed is what a leader that is its group's only voter knows to be
+// final without writing a close: no write in flight can get a revision at
+// or below it, and every write proposed at or below it has applied and
+// published. (With other voters, a deposed leader could not know of a new
+// leader's writes; the cluster needs a leader lease for this.)
+func (p *Partition) localClosed() int64 {
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	return p.localClosedLocked()
+}
+
+func (p *Partition) localClosedLocked() int64 {
+	if !p.prop.ready || p.group == nil || !p.group.SoleVoter() {
+		return 0
+	}
+	c := p.closeCandidateLocked()
+	for rev := range p.prop.unapplied {
+		c = min(c, rev-1)
+	}
+	return c
+}
+
+// ReadableAt reports whether a read at rev can proceed without waiting.
+func (p *Partition) ReadableAt(rev int64) bool {
+	return p.closed.Load() >= rev || p.localClosed() >= rev
+}
+
+// WaitClosed waits until revision rev is final here: the closed revision
+// is >= rev (asking the leader to close it), or this replica, as sole
+// voter and leader, knows nothing at or below rev is still to apply.
 func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 	for {
 		ch := p.closedChan()
-		if p.closed.Load() >= rev {
+		if p.ReadableAt(rev) {
 			return nil
 		}
 		p.RequestClose(rev)
@@ -291,8 +323,10 @@ func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 	}
 }
 
-// RequestClose asks the leader to close revision rev promptly (if this
-// replica is the leader; followers learn closes from the log).
+// RequestClose asks the leader to close revision rev promptly through the
+// log (if this replica is the leader; followers learn closes from the
+// log). The watch hub needs closes in the log; readers need only
+// ReadableAt.
 func (p *Partition) RequestClose(rev int64) {
 	p.prop.Lock()
 	defer p.prop.Unlock()
@@ -359,7 +393,7 @@ func (p *Partition) abandon(w *inflightWrite) {
 
 // proposeWrite moves w from in flight into the raft log (as cmd, whose
 // closed revision it fills in) and waits for it to apply.
-func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uint64, cmd []byte) (applyResult, error) {
+func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uint64, rev int64, cmd []byte) (applyResult, error) {
 	done := make(chan struct{})
 	var res applyResult
 	var perr error
@@ -373,16 +407,22 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 	c := p.closeCandidateLocked()
 	setClosed(cmd, c)
 	p.prop.lastClosed = max(p.prop.lastClosed, c)
+	p.prop.unapplied[rev]++
 	p.group.ProposeAsync(cmd, func(r any, err error) {
 		if err == nil {
 			res = r.(applyResult)
 		}
 		perr = err
-		if err != nil {
-			p.prop.Lock()
-			p.prop.lastClosed = p.closed.Load()
-			p.prop.Unlock()
+		// Runs after the entry's apply hooks (index, feed), or once it
+		// failed to propose.
+		p.prop.Lock()
+		if p.prop.unapplied[rev]--; p.prop.unapplied[rev] == 0 {
+			delete(p.prop.unapplied, rev)
 		}
+		if err != nil {
+			p.prop.lastClosed = p.closed.Load()
+		}
+		p.prop.Unlock()
 		close(done)
 	})
 	p.maybeCloseLocked()
@@ -459,7 +499,7 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 		return nil, fmt.Errorf("partition %d: txn changed between evaluations: %w", p.id, err)
 	}
 	cmd := (&command{kind: cmdWrite, term: term, rev: rev, muts: v.changes}).encode()
-	res, err := p.proposeWrite(ctx, w, term, cmd)
+	res, err := p.proposeWrite(ctx, w, term, rev, cmd)
 	if err != nil {
 		if errors.Is(err, raftgroup.ErrNotLeader) {
 			return nil, ErrNotLeader

@@ -100,6 +100,8 @@ type Group struct {
 		m map[uint64]*waiter // protected by waiters
 	}
 	status atomic.Pointer[Status]
+	// voters is the number of voters in the applied configuration.
+	voters atomic.Int32
 }
 
 type pendingProp struct {
@@ -145,6 +147,10 @@ func decodeEntry(data []byte) (id uint64, cmd []byte, ok bool) {
 
 // ID returns the group ID.
 func (g *Group) ID() uint64 { return g.id }
+
+// SoleVoter reports whether this replica is the group's only voter (so
+// its leadership cannot be lost to another replica).
+func (g *Group) SoleVoter() bool { return g.voters.Load() == 1 }
 
 // Status returns the group's status as of the end of its last round.
 func (g *Group) Status() Status {
@@ -255,6 +261,7 @@ func (g *Group) drainInbox() {
 }
 
 func (g *Group) publishStatus() {
+	g.voters.Store(int32(len(g.conf.Voters)))
 	g.status.Store(&Status{
 		ID:          g.id,
 		Term:        g.term,
