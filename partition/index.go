@@ -112,39 +112,42 @@ func (x *keyIndex) load(r pebble.Reader, start, end []byte) (int, error) {
 // returned and for keys changed after opts.rev. opts.rev must be closed
 // here (or be latestRev on the leader's write path, under latches).
 func (x *keyIndex) indexedScan(r pebble.Reader, start, end []byte, opts scanOptions) ([]*mvccpb.KeyValue, int64, error) {
-	// Phase 1, under the read lock: the candidates, in key order. A key
-	// whose latest change is at or below rev is settled by its meta; a key
-	// changed after rev needs storage to tell its state at rev.
-	var items []indexItem
+	// Phase 1, under the read lock. A key whose latest change is at or
+	// below rev is settled by its meta; a key changed after rev ("unsure")
+	// needs storage to tell its state at rev. Candidates for the result are
+	// collected in key order until limit sure-live keys are in hand; past
+	// that, sure keys are only counted and unsure ones kept for counting.
+	var head []indexItem // result candidates, key order
+	var tail []string    // unsure keys past the head, to count
+	var count int64      // sure-live keys past the head
+	sureInHead := 0
+	collecting := !opts.countOnly
 	x.ascend(start, end, func(key string, m meta) bool {
-		if m.mod > opts.rev || !m.tombstone {
-			items = append(items, indexItem{key: key, m: m})
+		sure := m.mod <= opts.rev
+		if sure && m.tombstone {
+			return true
+		}
+		if collecting {
+			head = append(head, indexItem{key: key, m: m})
+			if sure {
+				sureInHead++
+				collecting = opts.limit == 0 || sureInHead < opts.limit
+			}
+			return true
+		}
+		if sure {
+			count++
+		} else {
+			tail = append(tail, key)
 		}
 		return true
 	})
-	// Phase 2: count, and materialize up to the limit.
-	var it *pebble.Iterator
-	defer func() {
-		if it != nil {
-			it.Close()
-		}
-	}()
-	iter := func() (*pebble.Iterator, error) {
-		if it == nil {
-			lo, hi := rangeBounds(start, end)
-			var err error
-			it, err = r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-			return it, err
-		}
-		return it, nil
-	}
+	// Phase 2: resolve in key order with one forward iterator.
+	var vi versionIter
+	defer vi.close()
 	var kvs []*mvccpb.KeyValue
-	var count int64
 	room := func() bool { return !opts.countOnly && (opts.limit == 0 || len(kvs) < opts.limit) }
-	// A few values are cheaper to fetch by exact key (bloom filters, no
-	// iterator); many are cheaper with one iterator moving forward.
-	pointReads := len(items) <= 8 || opts.limit > 0 && opts.limit <= 8
-	for _, item := range items {
+	for _, item := range head {
 		key, m := []byte(item.key), item.m
 		if m.mod <= opts.rev {
 			count++
@@ -155,43 +158,93 @@ func (x *keyIndex) indexedScan(r pebble.Reader, start, end []byte, opts scanOpti
 				kvs = append(kvs, &mvccpb.KeyValue{Key: key, ModRevision: m.mod, CreateRevision: m.create, Version: m.version, Lease: m.lease})
 				continue
 			}
-			kv := &mvccpb.KeyValue{Key: key, ModRevision: m.mod}
-			if pointReads {
-				if err := readValue(r, key, m.mod, kv); err != nil {
-					return nil, 0, err
-				}
-			} else {
-				it, err := iter()
-				if err != nil {
-					return nil, 0, err
-				}
-				if kv, err = seekVersion(it, key, m.mod, false); err != nil {
-					return nil, 0, err
-				}
-				if kv == nil || kv.ModRevision != m.mod {
-					return nil, 0, fmt.Errorf("%w: version %d of %q missing", errCorrupt, m.mod, key)
-				}
+			kv, err := vi.at(r, start, end, key, m.mod, false)
+			if err != nil {
+				return nil, 0, err
+			}
+			if kv == nil || kv.ModRevision != m.mod {
+				return nil, 0, fmt.Errorf("%w: version %d of %q missing", errCorrupt, m.mod, key)
 			}
 			kvs = append(kvs, kv)
 			continue
 		}
-		it, err := iter()
+		kv, err := vi.at(r, start, end, key, opts.rev, opts.keysOnly || !room())
 		if err != nil {
 			return nil, 0, err
 		}
-		kv, err := seekVersion(it, key, opts.rev, opts.keysOnly || !room())
+		if kv != nil {
+			count++
+			if room() {
+				kvs = append(kvs, kv)
+			}
+		}
+	}
+	for _, key := range tail {
+		kv, err := vi.at(r, start, end, []byte(key), opts.rev, true)
 		if err != nil {
 			return nil, 0, err
 		}
-		if kv == nil {
-			continue
-		}
-		count++
-		if room() {
-			kvs = append(kvs, kv)
+		if kv != nil {
+			count++
 		}
 	}
 	return kvs, count, nil
+}
+
+// versionIter finds versions of increasing keys with one iterator, moving
+// forward with Next while the target is near (a key's newest version
+// follows its index key) and seeking otherwise.
+type versionIter struct {
+	it  *pebble.Iterator
+	buf []byte
+}
+
+func (v *versionIter) close() {
+	if v.it != nil {
+		v.it.Close()
+	}
+}
+
+// at returns key's newest live version <= rev, or nil.
+func (v *versionIter) at(r pebble.Reader, start, end, key []byte, rev int64, noValue bool) (*mvccpb.KeyValue, error) {
+	v.buf = mvccKeyPrefix(v.buf[:0], key)
+	plen := len(v.buf)
+	v.buf = engine.PutUint64(v.buf, ^uint64(rev))
+	target := v.buf
+	if v.it == nil {
+		lo, hi := rangeBounds(start, end)
+		var err error
+		if v.it, err = r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi}); err != nil {
+			return nil, err
+		}
+		v.it.SeekGE(target)
+	} else {
+		n := 0
+		for v.it.Valid() && bytes.Compare(v.it.Key(), target) < 0 && n < 8 {
+			v.it.Next()
+			n++
+		}
+		if !v.it.Valid() || bytes.Compare(v.it.Key(), target) < 0 {
+			v.it.SeekGE(target)
+		}
+	}
+	if !v.it.Valid() {
+		return nil, v.it.Error()
+	}
+	k := v.it.Key()
+	if len(k) != plen+suffixLen || !bytes.Equal(k[:plen], target[:plen]) {
+		return nil, nil // no version of key at or below rev
+	}
+	suffix := engineUint64(k[plen:])
+	if suffix == 0 {
+		return nil, errCorrupt
+	}
+	kv := &mvccpb.KeyValue{Key: key, ModRevision: int64(^suffix)}
+	tomb, err := decodeVersion(v.it.Value(), kv, noValue)
+	if err != nil || tomb {
+		return nil, err
+	}
+	return kv, nil
 }
 
 // seekVersion positions it at key's newest version <= rev and decodes it;
