@@ -248,15 +248,17 @@ func (w *watcher) shapeAt(rev, compact int64) *shape {
 const maxFrameBytes = 1 << 20
 
 // frame accumulates the events of consecutive revisions for one watcher.
+// Its header revision is the frontier the watcher is being brought up to,
+// as etcd reports its current revision in catch-up responses.
 type frame struct {
-	b       []byte
-	lastRev int64
-	oldest  time.Time
+	b      []byte
+	header int64
+	oldest time.Time
 }
 
 // deliver sends w every event up to frontier it has not seen.
 func (sws *watchStream) deliver(w *watcher, frontier int64) error {
-	var fr frame
+	fr := frame{header: frontier}
 	for w.next <= frontier {
 		compact := sws.s.store.CompactRevision()
 		if w.next < compact {
@@ -276,7 +278,7 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 			}
 			for _, re := range evs {
 				if enc := encodeEvents(re.Events, w.shapeAt(re.Rev, compact)); len(enc.ends) > 0 {
-					if err := sws.add(w, &fr, re.Rev, enc, time.Time{}); err != nil {
+					if err := sws.add(w, &fr, enc, time.Time{}); err != nil {
 						return err
 					}
 				}
@@ -286,7 +288,7 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 		}
 		for _, e := range entries {
 			if enc := sws.s.hub.encodedFor(e, w.shapeAt(e.rev, compact)); enc != nil {
-				if err := sws.add(w, &fr, e.rev, enc, e.at); err != nil {
+				if err := sws.add(w, &fr, enc, e.at); err != nil {
 					return err
 				}
 			}
@@ -298,21 +300,22 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 
 // add appends one revision's encoded events to the frame, sending first if
 // the frame would grow too large.
-func (sws *watchStream) add(w *watcher, fr *frame, rev int64, enc *encoded, at time.Time) error {
+func (sws *watchStream) add(w *watcher, fr *frame, enc *encoded, at time.Time) error {
 	if len(fr.b) > 0 && len(fr.b)+len(enc.b) > maxFrameBytes {
 		if err := sws.flush(w, fr); err != nil {
 			return err
 		}
 	}
-	limit := int(sws.s.cfg.MaxRequestBytes)
+	// etcd fragments at its gRPC message limit: --max-request-bytes plus
+	// the overhead allowance.
+	limit := int(sws.s.cfg.MaxRequestBytes + GRPCOverheadBytes)
 	if w.fragment && len(enc.b) >= limit && len(enc.ends) > 1 {
 		if err := sws.flush(w, fr); err != nil {
 			return err
 		}
-		return sws.sendFragments(w, rev, enc, limit)
+		return sws.sendFragments(w, fr.header, enc, limit)
 	}
 	fr.b = append(fr.b, enc.b...)
-	fr.lastRev = rev
 	if fr.oldest.IsZero() {
 		fr.oldest = at
 	}
@@ -323,19 +326,19 @@ func (sws *watchStream) flush(w *watcher, fr *frame) error {
 	if len(fr.b) == 0 {
 		return nil
 	}
-	if err := sws.sendEvents(w, fr.lastRev, fr.b, false); err != nil {
+	if err := sws.sendEvents(w, fr.header, fr.b, false); err != nil {
 		return err
 	}
 	if !fr.oldest.IsZero() {
 		sws.s.hub.lag.Observe(time.Since(fr.oldest).Seconds())
 	}
-	*fr = frame{}
+	*fr = frame{header: fr.header}
 	return nil
 }
 
 // sendFragments splits one revision's events over several responses, all
 // but the last marked Fragment, as etcd's sendFragments does.
-func (sws *watchStream) sendFragments(w *watcher, rev int64, enc *encoded, limit int) error {
+func (sws *watchStream) sendFragments(w *watcher, header int64, enc *encoded, limit int) error {
 	start := 0
 	for i := 0; i < len(enc.ends); {
 		j := i + 1
@@ -343,7 +346,7 @@ func (sws *watchStream) sendFragments(w *watcher, rev int64, enc *encoded, limit
 			j++
 		}
 		end := enc.ends[j-1]
-		if err := sws.sendEvents(w, rev, enc.b[start:end], j < len(enc.ends)); err != nil {
+		if err := sws.sendEvents(w, header, enc.b[start:end], j < len(enc.ends)); err != nil {
 			return err
 		}
 		start, i = end, j
