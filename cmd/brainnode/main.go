@@ -97,7 +97,11 @@ func snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "\nrestored revision %d (compacted at %d) into %s\n", h.Revision, h.CompactRevision, rc.DataDir)
+			compacted := "never compacted"
+			if h.CompactRevision > 0 {
+				compacted = fmt.Sprintf("compacted at %d", h.CompactRevision)
+			}
+			fmt.Fprintf(os.Stderr, "\nrestored revision %d (%s) into %s\n", h.Revision, compacted, rc.DataDir)
 			return nil
 		},
 	}
