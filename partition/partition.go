@@ -151,15 +151,15 @@ type Partition struct {
 
 	prop struct {
 		sync.Mutex
-		ready      bool       // leader and ready to evaluate; protected by prop
-		term       uint64     // leader term; protected by prop
-		inflight   *list.List // of *inflightWrite, registration order; protected by prop
+		ready    bool       // leader and ready to evaluate; protected by prop
+		term     uint64     // leader term; protected by prop
+		inflight *list.List // of *inflightWrite, registration order; protected by prop
 		// unapplied counts proposed writes per revision that have not
 		// applied and published yet; protected by prop.
-		unapplied map[int64]int
-		lastClosed int64      // highest closed revision proposed; protected by prop
-		demand     int64      // highest revision a reader waits to see closed; protected by prop
-		closing    bool       // a close command is in flight; protected by prop
+		unapplied  map[int64]int
+		lastClosed int64 // highest closed revision proposed; protected by prop
+		demand     int64 // highest revision a reader waits to see closed; protected by prop
+		closing    bool  // a close command is in flight; protected by prop
 	}
 
 	gc gcState

@@ -60,10 +60,10 @@ func TestRawWatchStreamMatchesEtcd(t *testing.T) {
 		resps int
 	}{
 		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("b"), StartRevision: 4, PrevKv: true, WatchId: 7}), 2},
-		{create(&pb.WatchCreateRequest{Key: []byte("a0"), WatchId: 7}), 1},                                // duplicate ID
-		{create(&pb.WatchCreateRequest{Key: []byte("a"), StartRevision: -1}), 1},                          // negative start
-		{create(&pb.WatchCreateRequest{Key: []byte("b"), RangeEnd: []byte("a")}), 1},                      // empty range
-		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("b"), StartRevision: 2}), 2},    // compacted
+		{create(&pb.WatchCreateRequest{Key: []byte("a0"), WatchId: 7}), 1},                             // duplicate ID
+		{create(&pb.WatchCreateRequest{Key: []byte("a"), StartRevision: -1}), 1},                       // negative start
+		{create(&pb.WatchCreateRequest{Key: []byte("b"), RangeEnd: []byte("a")}), 1},                   // empty range
+		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("b"), StartRevision: 2}), 2}, // compacted
 		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("b"), StartRevision: 4, Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}}), 1},
 		{cancel(7), 1},
 		{cancel(12345), 0}, // unknown: no answer
