@@ -81,32 +81,12 @@ func TestConcurrentLinearizableAndWatches(t *testing.T) {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			rng := rand.New(rand.NewSource(seed + int64(c)))
+			wl := history.NewWorkload(seed+int64(c), concKeys, 30, 20, 40)
 			kv := testutil.Client(t, ep)
-			mods := map[string]int64{} // last mod revision this client saw per key
 			for i := 0; i < *concOps; i++ {
-				key := concKeys[rng.Intn(len(concKeys))]
-				in := history.Input{Key: key, Value: fmt.Sprintf("c%d-%d", c, i)}
-				switch r := rng.Intn(10); {
-				case r < 3:
-					in.Kind = history.Get
-				case r < 5:
-					in.Kind = history.Put
-				case r < 9:
-					in.Kind, in.ExpectMod = history.CAS, mods[key]
-				default:
-					in.Kind = history.Delete
-				}
+				in := wl.Next(fmt.Sprintf("c%d-%d", c, i))
 				out := history.Do(rec, kv, c, in, 10*time.Second)
-				switch {
-				case out.Unknown:
-				case in.Kind == history.Get && out.Exists:
-					mods[key] = out.Mod
-				case in.Kind == history.Get, in.Kind == history.Delete:
-					mods[key] = 0
-				case out.OK:
-					mods[key] = out.Rev
-				}
+				wl.Observe(in, out)
 				if i == *concOps/2 && c == 0 {
 					// A watch started mid-load from a past revision.
 					watch(&history.Watch{Name: "mid-load-from-past", Key: "\x00", End: "\x00", Start: max(out.Rev-50, 1), PrevKV: true}, 10*time.Millisecond)

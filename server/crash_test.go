@@ -138,37 +138,19 @@ func TestKillNineRecovery(t *testing.T) {
 			go func(cl int) {
 				defer wg.Done()
 				kv := testutil.Client(t, node.ep)
-				r := rand.New(rand.NewSource(seed + int64(round*100+cl)))
-				mods := map[string]int64{}
+				wl := history.NewWorkload(seed+int64(round*100+cl), concKeys, 20, 40, 30)
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
 						return
 					default:
 					}
-					key := concKeys[r.Intn(len(concKeys))]
-					in := history.Input{Key: key, Value: fmt.Sprintf("r%d-c%d-%d", round, cl, i)}
-					switch x := r.Intn(10); {
-					case x < 2:
-						in.Kind = history.Get
-					case x < 6:
-						in.Kind = history.Put
-					case x < 9:
-						in.Kind, in.ExpectMod = history.CAS, mods[key]
-					default:
-						in.Kind = history.Delete
-					}
+					in := wl.Next(fmt.Sprintf("r%d-c%d-%d", round, cl, i))
 					out := history.Do(rec, kv, round*100+cl, in, 2*time.Second)
-					switch {
-					case out.Unknown:
+					if out.Unknown {
 						return // the node is gone
-					case in.Kind == history.Get && out.Exists:
-						mods[key] = out.Mod
-					case in.Kind == history.Get, in.Kind == history.Delete:
-						mods[key] = 0
-					case out.OK:
-						mods[key] = out.Rev
 					}
+					wl.Observe(in, out)
 				}
 			}(cl)
 		}
