@@ -161,7 +161,7 @@ func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
 	if !leader {
 		return ErrNotLeader
 	}
-	b := []byte{kind}
+	b := append(raftgroup.NewCommand(9+8*len(args)), kind)
 	b = binary.BigEndian.AppendUint64(b, term)
 	for _, a := range args {
 		b = binary.BigEndian.AppendUint64(b, a)

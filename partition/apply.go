@@ -176,8 +176,7 @@ func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb
 			buf = nm.encode(buf[:0])
 			mustSet(b, indexKey(m.key), buf)
 			written[i] = nm
-			buf = encodeVersion(buf[:0], false, nm.create, nm.version, nm.lease, m.value)
-			mustSet(b, versionKey(m.key, c.rev), buf)
+			setVersion(b, m.key, c.rev, false, nm.create, nm.version, nm.lease, m.value)
 			if live && old.lease != 0 && old.lease != m.lease {
 				mustDelete(b, leaseIndexKey(old.lease, m.key))
 			}
@@ -199,8 +198,7 @@ func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb
 			written[i] = meta{tombstone: true, mod: c.rev}
 			buf = written[i].encode(buf[:0])
 			mustSet(b, indexKey(m.key), buf)
-			buf = encodeVersion(buf[:0], true, 0, 0, 0, nil)
-			mustSet(b, versionKey(m.key, c.rev), buf)
+			setVersion(b, m.key, c.rev, true, 0, 0, 0, nil)
 			if old.lease != 0 {
 				mustDelete(b, leaseIndexKey(old.lease, m.key))
 			}

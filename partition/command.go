@@ -3,6 +3,8 @@ package partition
 import (
 	"encoding/binary"
 	"errors"
+
+	"github.com/brainkv/brain/raftgroup"
 )
 
 // Raft commands of a partition. Every command carries the term of the
@@ -30,7 +32,9 @@ type mutation struct {
 	lease int64
 }
 
-// command is a decoded partition command.
+// command is a partition command. encode returns it with room for the raft
+// entry header at the front (raftgroup.NewCommand); decodeCommand takes it
+// without.
 type command struct {
 	kind   byte
 	term   uint64
@@ -50,7 +54,7 @@ func (c *command) encode() []byte {
 	for _, k := range c.keys {
 		n += 10 + len(k)
 	}
-	b := make([]byte, 0, n)
+	b := raftgroup.NewCommand(n)
 	b = append(b, c.kind)
 	b = binary.BigEndian.AppendUint64(b, c.term)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.rev))
@@ -79,9 +83,10 @@ func (c *command) encode() []byte {
 	return b
 }
 
-// setClosed patches the closed revision of an encoded command in place.
+// setClosed patches the closed revision of an encoded command (as returned
+// by encode, entry header room included) in place.
 func setClosed(b []byte, closed int64) {
-	binary.BigEndian.PutUint64(b[17:25], uint64(closed))
+	binary.BigEndian.PutUint64(b[raftgroup.HeaderLen+17:raftgroup.HeaderLen+25], uint64(closed))
 }
 
 type decoder struct {

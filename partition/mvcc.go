@@ -87,6 +87,29 @@ func encodeVersion(dst []byte, tombstone bool, create, version, lease int64, val
 	return append(dst, value...)
 }
 
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
+// setVersion writes key's version at rev into b, encoding in place (no
+// intermediate copy of the value).
+func setVersion(b *pebble.Batch, key []byte, rev int64, tombstone bool, create, version, lease int64, value []byte) {
+	klen := 1 + engine.EncodedLen(key) + suffixLen
+	vlen := 1 + uvarintLen(uint64(create)) + uvarintLen(uint64(version)) + uvarintLen(uint64(lease<<1^lease>>63)) + len(value)
+	op := b.SetDeferred(klen, vlen)
+	k := mvccKeyPrefix(op.Key[:0], key)
+	engine.PutUint64(k, ^uint64(rev))
+	encodeVersion(op.Value[:0], tombstone, create, version, lease, value)
+	if err := op.Finish(); err != nil {
+		panic(fmt.Errorf("partition: batch set: %w", err))
+	}
+}
+
 // decodeVersion decodes a version value into kv (Key and ModRevision are set
 // by the caller). It returns whether the version is a tombstone. The value
 // is copied unless noValue.

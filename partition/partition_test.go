@@ -194,7 +194,7 @@ func TestApplyIsDeterministic(t *testing.T) {
 	ents := h.sm.ents
 	h.sm.mu.Unlock()
 	for i := range ents {
-		b := replica.NewIndexedBatch()
+		b := replica.NewBatch()
 		r.Apply(&raftgroup.ApplyContext{Batch: b}, &ents[i], ents[i].Data)
 		if err := b.Commit(pebble.NoSync); err != nil {
 			t.Fatal(err)
@@ -215,8 +215,8 @@ func TestApplyRejection(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply := func(term uint64, c *command) applyResult {
-		b := db.NewIndexedBatch()
-		res := p.Apply(&raftgroup.ApplyContext{Batch: b}, &raftpb.Entry{Term: term, Index: 1}, c.encode()).(applyResult)
+		b := db.NewBatch()
+		res := p.Apply(&raftgroup.ApplyContext{Batch: b}, &raftpb.Entry{Term: term, Index: 1}, c.encode()[raftgroup.HeaderLen:]).(applyResult)
 		if err := b.Commit(pebble.NoSync); err != nil {
 			t.Fatal(err)
 		}

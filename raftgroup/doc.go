@@ -8,16 +8,16 @@
 //
 //  1. Drain each group's inbox (ticks, messages, proposals) into its RawNode
 //     and collect a Ready from every group that has one.
-//  2. Write the entries and hard state of all those Readys into ONE Pebble
-//     batch and commit it with a single sync (if any Ready requires one).
-//     Concurrent rounds on other workers share Pebble's group commit too.
-//  3. Hand outbound messages to the Transport, batched per destination.
-//  4. Apply the committed entries of all groups into ONE indexed Pebble
-//     batch, together with each group's applied index, and commit it
-//     without a sync: the raft log already holds the entries durably, and
-//     the WAL orders the apply batch after the log writes it depends on.
-//  5. After the apply batch commits, run the state machines' post-commit
-//     hooks (publishing events, waking readers) and wake proposers.
+//  2. Apply the committed entries of all those Readys (durable since an
+//     earlier round) into ONE Pebble batch, with each group's applied index.
+//  3. Add the new entries and hard state of all the Readys to the same
+//     batch and commit it once, with a single sync if any Ready requires
+//     one. Concurrent rounds on other workers share Pebble's group commit.
+//     State changes and the hard state covering them commit atomically.
+//  4. Run the state machines' post-commit hooks (publishing events, waking
+//     readers), then wake proposers.
+//  5. Hand outbound messages to the Transport, batched per destination
+//     (after the sync, as raft requires for votes and append responses).
 //  6. Advance each RawNode; reschedule groups that still have work.
 //
 // # State machines

@@ -43,9 +43,11 @@ type LeadershipObserver interface {
 
 // ApplyContext is handed to StateMachine.Apply for one round.
 type ApplyContext struct {
-	// Batch is an indexed batch: reads through it see the writes of earlier
-	// entries in the same round. It is committed after the round's entries
-	// of every group are applied.
+	// Batch receives the state changes. It is the round's batch, which
+	// also carries the round's new log entries, and is committed once all
+	// of them are in. It is not indexed: state machines keep in memory
+	// what apply needs to read (changes of earlier entries of the round
+	// included) and read committed state from the DB.
 	Batch *pebble.Batch
 	post  []func()
 }
@@ -127,22 +129,28 @@ func (w *waiter) finish(result any, err error) {
 
 // Entry data header: version byte + BE64 proposal ID.
 const (
-	entryVersion   = 1
-	entryHeaderLen = 9
+	entryVersion = 1
+	// HeaderLen is the room a command must leave at its start for the
+	// entry header (see NewCommand), so that proposing it copies nothing.
+	HeaderLen = 9
 )
 
-func encodeEntry(id uint64, cmd []byte) []byte {
-	b := make([]byte, entryHeaderLen, entryHeaderLen+len(cmd))
-	b[0] = entryVersion
-	binary.BigEndian.PutUint64(b[1:], id)
-	return append(b, cmd...)
+// NewCommand returns a buffer for a command of about n bytes: HeaderLen
+// reserved bytes, to which the caller appends the command.
+func NewCommand(n int) []byte { return make([]byte, HeaderLen, HeaderLen+n) }
+
+// stampEntry writes the entry header into the reserved room of buf.
+func stampEntry(id uint64, buf []byte) []byte {
+	buf[0] = entryVersion
+	binary.BigEndian.PutUint64(buf[1:HeaderLen], id)
+	return buf
 }
 
 func decodeEntry(data []byte) (id uint64, cmd []byte, ok bool) {
-	if len(data) < entryHeaderLen || data[0] != entryVersion {
+	if len(data) < HeaderLen || data[0] != entryVersion {
 		return 0, nil, false
 	}
-	return binary.BigEndian.Uint64(data[1:]), data[entryHeaderLen:], true
+	return binary.BigEndian.Uint64(data[1:]), data[HeaderLen:], true
 }
 
 // ID returns the group ID.
@@ -162,7 +170,8 @@ func (g *Group) Status() Status {
 
 // Propose proposes cmd and waits until it is applied on this replica,
 // returning the state machine's result. If ctx ends first the command may
-// still apply later.
+// still apply later. cmd must start with HeaderLen reserved bytes (see
+// NewCommand); the group owns it afterwards.
 func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
 	w := &waiter{done: make(chan struct{})}
 	g.enqueueProposal(cmd, w)
@@ -174,8 +183,8 @@ func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
 	}
 }
 
-// ProposeAsync proposes cmd; cb runs on a worker goroutine once the command
-// is applied or has failed. cb must not block.
+// ProposeAsync proposes cmd (laid out as for Propose); cb runs on a worker
+// goroutine once the command is applied or has failed. cb must not block.
 func (g *Group) ProposeAsync(cmd []byte, cb func(result any, err error)) {
 	g.enqueueProposal(cmd, &waiter{cb: cb})
 }
@@ -186,7 +195,10 @@ func (g *Group) enqueueProposal(cmd []byte, w *waiter) {
 	g.waiters.m[id] = w
 	g.waiters.Unlock()
 	g.inbox.Lock()
-	g.inbox.props = append(g.inbox.props, pendingProp{data: encodeEntry(id, cmd), id: id})
+	if len(cmd) < HeaderLen {
+		panic("raftgroup: command without room for the entry header (use NewCommand)")
+	}
+	g.inbox.props = append(g.inbox.props, pendingProp{data: stampEntry(id, cmd), id: id})
 	g.inbox.Unlock()
 	g.host.sched.enqueue(g)
 }

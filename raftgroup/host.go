@@ -248,8 +248,16 @@ func (h *Host) processRound(gs []*Group) {
 	}
 	h.metrics.roundGroups.Observe(float64(len(items)))
 
-	// Step 2: persist every group's entries and hard state in one batch.
-	wb := h.db.NewBatch()
+	// One batch for the whole round: the state changes of the committed
+	// entries (durable in earlier rounds) and the new entries and hard
+	// states, committed once, with a single sync if any Ready needs one.
+	b := h.db.NewBatch()
+	defer b.Close()
+	ac := &ApplyContext{Batch: b}
+	deliveries, truncations, ok := h.applyEntries(items, ac)
+	if !ok {
+		return
+	}
 	mustSync := false
 	for i := range items {
 		it := &items[i]
@@ -257,7 +265,7 @@ func (h *Host) processRound(gs []*Group) {
 			h.fatal(fmt.Errorf("raftgroup: group %d: receiving snapshots is not supported yet", it.g.id))
 			return
 		}
-		if err := appendReady(wb, it.g.id, &it.rd, it.g.lastIndex); err != nil {
+		if err := appendReady(b, it.g.id, &it.rd, it.g.lastIndex); err != nil {
 			h.fatal(err)
 			return
 		}
@@ -265,21 +273,20 @@ func (h *Host) processRound(gs []*Group) {
 			mustSync = true
 		}
 	}
-	if !wb.Empty() {
+	if !b.Empty() {
 		start := time.Now()
 		opt := pebble.NoSync
 		if mustSync {
 			opt = pebble.Sync
 		}
-		if err := wb.Commit(opt); err != nil {
-			h.fatal(fmt.Errorf("raftgroup: append log: %w", err))
+		if err := b.Commit(opt); err != nil {
+			h.fatal(fmt.Errorf("raftgroup: commit round: %w", err))
 			return
 		}
 		if mustSync {
 			h.metrics.logSync.Observe(time.Since(start).Seconds())
 		}
 	}
-	_ = wb.Close()
 	for i := range items {
 		g, rd := items[i].g, &items[i].rd
 		if len(rd.Entries) > 0 {
@@ -294,30 +301,53 @@ func (h *Host) processRound(gs []*Group) {
 			g.prevHard = rd.HardState
 			g.term = rd.HardState.Term
 		}
-		if rd.SoftState != nil {
-			g.lead = rd.SoftState.Lead
-			wasLeader := g.isLeader
-			g.isLeader = rd.SoftState.RaftState == raft.StateLeader
-			if wasLeader && !g.isLeader {
-				g.leaderReady = false
-				g.failAllWaiters(ErrLeaderChanged)
-				if o, ok := g.sm.(LeadershipObserver); ok {
-					o.LeadershipChanged(false, g.term)
-				}
-			}
-		}
+	}
+	for _, t := range truncations {
+		t()
+	}
+	// Step 5: the changes are visible; run the hooks, then wake proposers.
+	for _, f := range ac.post {
+		f()
+	}
+	for _, d := range deliveries {
+		d.w.finish(d.result, nil)
+	}
+	for i := range items {
+		h.observeLeadership(items[i].g, items[i].rd.SoftState)
 	}
 
 	// Step 3: send messages, batched per destination.
 	h.sendMessages(items)
 
-	// Steps 4 and 5: apply.
-	h.applyRound(items)
-
 	// Step 6.
 	for i := range items {
 		items[i].g.rn.Advance(items[i].rd)
 		items[i].g.publishStatus()
+	}
+}
+
+// observeLeadership updates a group's leadership after a round: a leader
+// that lost leadership fails its waiting proposers; a leader becomes ready
+// once it has applied an entry of its own term, since then it has applied
+// everything earlier leaders committed.
+func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
+	if ss != nil {
+		g.lead = ss.Lead
+		wasLeader := g.isLeader
+		g.isLeader = ss.RaftState == raft.StateLeader
+		if wasLeader && !g.isLeader {
+			g.leaderReady = false
+			g.failAllWaiters(ErrLeaderChanged)
+			if o, ok := g.sm.(LeadershipObserver); ok {
+				o.LeadershipChanged(false, g.term)
+			}
+		}
+	}
+	if g.isLeader && !g.leaderReady && g.appliedTerm == g.term {
+		g.leaderReady = true
+		if o, ok := g.sm.(LeadershipObserver); ok {
+			o.LeadershipChanged(true, g.term)
+		}
 	}
 }
 
@@ -341,17 +371,10 @@ type delivery struct {
 	result any
 }
 
-func (h *Host) applyRound(items []readyItem) {
-	n := 0
-	for i := range items {
-		n += len(items[i].rd.CommittedEntries)
-	}
-	if n == 0 {
-		return
-	}
-	ab := h.db.NewIndexedBatch()
-	defer ab.Close()
-	ac := &ApplyContext{Batch: ab}
+// applyEntries applies the committed entries of every item into ac.Batch
+// (step 4). It returns the proposers to wake and the log truncations to
+// finish once the batch commits.
+func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []func(), bool) {
 	var deliveries []delivery
 	var truncations []func()
 	for i := range items {
@@ -369,7 +392,7 @@ func (h *Host) applyRound(items []readyItem) {
 				id, cmd, ok := decodeEntry(e.Data)
 				if !ok {
 					h.fatal(fmt.Errorf("raftgroup: group %d: entry %d has an unknown format", g.id, e.Index))
-					return
+					return nil, nil, false
 				}
 				res := g.sm.Apply(ac, e, cmd)
 				if id != 0 {
@@ -378,7 +401,8 @@ func (h *Host) applyRound(items []readyItem) {
 					}
 				}
 			case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
-				cc, err := raftpb.ConfChangeI(nil), error(nil)
+				var cc raftpb.ConfChangeI
+				var err error
 				if e.Type == raftpb.EntryConfChange {
 					var c raftpb.ConfChange
 					err, cc = c.Unmarshal(e.Data), c
@@ -388,51 +412,27 @@ func (h *Host) applyRound(items []readyItem) {
 				}
 				if err != nil {
 					h.fatal(fmt.Errorf("raftgroup: group %d: corrupt conf change at %d: %w", g.id, e.Index, err))
-					return
+					return nil, nil, false
 				}
 				cs := g.rn.ApplyConfChange(cc)
 				g.conf = *cs
-				if err := setProto(ab, raftKey(g.id, kindConfState), cs); err != nil {
+				if err := setProto(ac.Batch, raftKey(g.id, kindConfState), cs); err != nil {
 					h.fatal(err)
-					return
+					return nil, nil, false
 				}
 			}
 			g.applied, g.appliedTerm = e.Index, e.Term
 		}
-		if err := setApplied(ab, g.id, g.applied); err != nil {
+		if err := setApplied(ac.Batch, g.id, g.applied); err != nil {
 			h.fatal(err)
-			return
+			return nil, nil, false
 		}
 		h.metrics.applied.Add(float64(len(rd.CommittedEntries)))
-		if t := h.maybeTruncate(ab, g); t != nil {
+		if t := h.maybeTruncate(ac.Batch, g); t != nil {
 			truncations = append(truncations, t)
 		}
 	}
-	if err := ab.Commit(pebble.NoSync); err != nil {
-		h.fatal(fmt.Errorf("raftgroup: apply: %w", err))
-		return
-	}
-	for _, t := range truncations {
-		t()
-	}
-	for _, f := range ac.post {
-		f()
-	}
-	for _, d := range deliveries {
-		d.w.finish(d.result, nil)
-	}
-	// Leader readiness: a leader serves once it has applied an entry of its
-	// own term, since then it has applied everything earlier leaders
-	// committed.
-	for i := range items {
-		g := items[i].g
-		if g.isLeader && !g.leaderReady && g.appliedTerm == g.term {
-			g.leaderReady = true
-			if o, ok := g.sm.(LeadershipObserver); ok {
-				o.LeadershipChanged(true, g.term)
-			}
-		}
-	}
+	return deliveries, truncations, true
 }
 
 // maybeTruncate deletes applied log entries beyond LogKeepEntries once

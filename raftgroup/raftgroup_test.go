@@ -15,20 +15,26 @@ import (
 
 // counterSM keeps, per group, a count of applied commands and the sum of
 // their values in Pebble, so restarts show whether anything applied twice.
-type counterSM struct{ group uint64 }
+// Like a real state machine it keeps what apply reads in memory, loaded at
+// start.
+type counterSM struct {
+	group  uint64
+	n, sum uint64
+}
+
+func newCounterSM(t *testing.T, db *pebble.DB, group uint64) *counterSM {
+	c := &counterSM{group: group}
+	c.n, c.sum = readCounter(t, db, group)
+	return c
+}
 
 func (c *counterSM) key() []byte { return engine.GroupKey(c.group, "count") }
 
 func (c *counterSM) Apply(ac *ApplyContext, e *raftpb.Entry, cmd []byte) any {
-	var n, sum uint64
-	if v, closer, err := ac.Batch.Get(c.key()); err == nil {
-		n, sum = binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
-		closer.Close()
-	}
-	n++
-	sum += binary.BigEndian.Uint64(cmd)
-	_ = ac.Batch.Set(c.key(), engine.PutUint64(engine.PutUint64(nil, n), sum), nil)
-	return n
+	c.n++
+	c.sum += binary.BigEndian.Uint64(cmd)
+	_ = ac.Batch.Set(c.key(), engine.PutUint64(engine.PutUint64(nil, c.n), c.sum), nil)
+	return c.n
 }
 
 func readCounter(t *testing.T, db *pebble.DB, group uint64) (n, sum uint64) {
@@ -72,7 +78,7 @@ func waitLeader(t *testing.T, gs ...*Group) *Group {
 	return nil
 }
 
-func cmd(v uint64) []byte { return engine.PutUint64(nil, v) }
+func cmd(v uint64) []byte { return engine.PutUint64(NewCommand(8), v) }
 
 func TestSingleNodeRestartAppliesExactlyOnce(t *testing.T) {
 	fs := vfs.NewMem()
@@ -86,7 +92,7 @@ func TestSingleNodeRestartAppliesExactlyOnce(t *testing.T) {
 		}
 		var gs []*Group
 		for id := uint64(1); id <= groups; id++ {
-			g, err := h.CreateGroup(id, []uint64{1}, &counterSM{group: id})
+			g, err := h.CreateGroup(id, []uint64{1}, newCounterSM(t, db, id))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +146,7 @@ func TestThreeNodesLeaderLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		tr.Register(id, h)
-		g, err := h.CreateGroup(7, []uint64{1, 2, 3}, &counterSM{group: 7})
+		g, err := h.CreateGroup(7, []uint64{1, 2, 3}, newCounterSM(t, db, 7))
 		if err != nil {
 			t.Fatal(err)
 		}

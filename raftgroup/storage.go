@@ -154,13 +154,16 @@ func setApplied(b *pebble.Batch, group, index uint64) error {
 // group's last log index before this Ready; entries that overwrite a suffix
 // of the log delete the rest of the old suffix.
 func appendReady(b *pebble.Batch, group uint64, rd *raft.Ready, lastIndex uint64) error {
+	var key []byte
 	for i := range rd.Entries {
 		e := &rd.Entries[i]
-		v, err := e.Marshal()
-		if err != nil {
+		key = engine.PutUint64(append(key[:0], raftKey(group, kindLog)...), e.Index)
+		op := b.SetDeferred(len(key), e.Size())
+		copy(op.Key, key)
+		if _, err := e.MarshalToSizedBuffer(op.Value); err != nil {
 			return err
 		}
-		if err := b.Set(logKey(group, e.Index), v, nil); err != nil {
+		if err := op.Finish(); err != nil {
 			return err
 		}
 	}

@@ -190,7 +190,7 @@ const (
 )
 
 func encodeCmd(kind byte, term uint64, end int64) []byte {
-	b := []byte{kind}
+	b := append(raftgroup.NewCommand(17), kind)
 	b = binary.BigEndian.AppendUint64(b, term)
 	return binary.BigEndian.AppendUint64(b, uint64(end))
 }
