@@ -454,6 +454,12 @@ func (v *view) evalTxn(rt *pb.TxnRequest) (*pb.TxnResponse, error) {
 	if _, err := v.checkTxn(rt, path); err != nil {
 		return nil, err
 	}
+	return v.executePath(rt, path)
+}
+
+// executePath executes the ops of rt on path, which compares and checks
+// have already chosen (see precheck).
+func (v *view) executePath(rt *pb.TxnRequest, path []bool) (*pb.TxnResponse, error) {
 	resp, _ := newTxnResp(rt, path)
 	if _, err := v.executeTxn(rt, path, resp); err != nil {
 		return nil, err

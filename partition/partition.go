@@ -471,7 +471,7 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	// (a delete may delete nothing).
 	cur := p.revs.Current()
 	dry := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: cur, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
-	_, writes, err := dry.precheck(rt)
+	path, writes, err := dry.precheck(rt)
 	if err != nil {
 		return nil, err
 	}
@@ -491,10 +491,11 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 		p.abandon(w)
 		return nil, err
 	}
-	// Real run at the write's revision. The latches keep the state the dry
-	// run saw; leases it checked cannot be revoked under the latch.
+	// Real run at the write's revision, on the path the compares chose:
+	// the latches keep the state they saw, and leases they checked cannot
+	// be revoked under the latch.
 	v := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: rev - 1, compactRev: dry.compactRev, leaseOK: func(int64) bool { return true }}
-	if resp, err = v.evalTxn(rt); err != nil {
+	if resp, err = v.executePath(rt, path); err != nil {
 		p.abandon(w)
 		return nil, fmt.Errorf("partition %d: txn changed between evaluations: %w", p.id, err)
 	}
