@@ -2,6 +2,7 @@ package partition
 
 import (
 	"bytes"
+	"container/heap"
 	"container/list"
 	"context"
 	"errors"
@@ -141,11 +142,16 @@ type Partition struct {
 	index *keyIndex
 	round map[string]meta
 
-	// closed is the applied closed revision; closedCh is closed (and
-	// replaced) whenever it advances.
-	closed   atomic.Int64
-	closedMu sync.Mutex
-	closedCh chan struct{} // protected by closedMu
+	// closed is the applied closed revision.
+	closed atomic.Int64
+	// waiting holds readers waiting for a revision to become readable, by
+	// revision; nwaiting counts them, so applies skip the bound when none
+	// wait. waiting.Mutex is taken after prop's, never before.
+	waiting struct {
+		sync.Mutex
+		h waiterHeap // protected by waiting
+	}
+	nwaiting atomic.Int64
 	// compact is the applied compaction revision.
 	compact atomic.Int64
 
@@ -184,9 +190,8 @@ func New(cfg Config) (*Partition, error) {
 	p := &Partition{
 		id: cfg.ID, start: cfg.Start, end: cfg.End, db: cfg.DB,
 		revs: cfg.Revisions, leases: cfg.Leases, feed: cfg.Feed, metrics: cfg.Metrics,
-		log:      cfg.Logger.With("component", "partition", "partition", cfg.ID),
-		latches:  newLatchManager(),
-		closedCh: make(chan struct{}),
+		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
+		latches: newLatchManager(),
 	}
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
@@ -250,17 +255,15 @@ func (p *Partition) LeadershipChanged(leader bool, term uint64) {
 	if leader {
 		p.maybeCloseLocked()
 	}
+	go p.notifyProgress() // readers may now use the leader-local bound (it takes prop)
 }
 
 // published runs after an apply commits.
 func (p *Partition) published(evs RevEvents, closed int64) {
 	if closed > p.closed.Load() {
 		p.closed.Store(closed)
-		p.closedMu.Lock()
-		close(p.closedCh)
-		p.closedCh = make(chan struct{})
-		p.closedMu.Unlock()
 	}
+	p.notifyProgress()
 	p.lagGauge.Set(float64(p.revs.Current() - closed))
 	if evs.Rev != 0 {
 		p.metrics.writes.Inc()
@@ -270,12 +273,40 @@ func (p *Partition) published(evs RevEvents, closed int64) {
 	}
 }
 
-// closedChan returns a channel closed when the closed revision next
-// advances.
-func (p *Partition) closedChan() <-chan struct{} {
-	p.closedMu.Lock()
-	defer p.closedMu.Unlock()
-	return p.closedCh
+// readWaiter is a reader waiting until its revision is readable here.
+type readWaiter struct {
+	rev int64
+	ch  chan struct{}
+}
+
+type waiterHeap []*readWaiter
+
+func (h waiterHeap) Len() int           { return len(h) }
+func (h waiterHeap) Less(i, j int) bool { return h[i].rev < h[j].rev }
+func (h waiterHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *waiterHeap) Push(x any)        { *h = append(*h, x.(*readWaiter)) }
+func (h *waiterHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return w
+}
+
+// notifyProgress wakes the readers whose revision became readable: after
+// an apply, an abandoned or failed write, or a leadership change. It
+// computes the readable bound once, and only if readers wait.
+func (p *Partition) notifyProgress() {
+	if p.nwaiting.Load() == 0 {
+		return
+	}
+	bound := max(p.closed.Load(), p.localClosed())
+	p.waiting.Lock()
+	for len(p.waiting.h) > 0 && p.waiting.h[0].rev <= bound {
+		close(heap.Pop(&p.waiting.h).(*readWaiter).ch)
+		p.nwaiting.Add(-1)
+	}
+	p.waiting.Unlock()
 }
 
 // localClosed is what a leader that is its group's only voter knows to be
@@ -287,6 +318,15 @@ func (p *Partition) localClosed() int64 {
 	p.prop.Lock()
 	defer p.prop.Unlock()
 	return p.localClosedLocked()
+}
+
+func (p *Partition) soleReadyLeader() bool {
+	if p.group == nil || !p.group.SoleVoter() {
+		return false
+	}
+	p.prop.Lock()
+	defer p.prop.Unlock()
+	return p.prop.ready
 }
 
 func (p *Partition) localClosedLocked() int64 {
@@ -309,17 +349,34 @@ func (p *Partition) ReadableAt(rev int64) bool {
 // is >= rev (asking the leader to close it), or this replica, as sole
 // voter and leader, knows nothing at or below rev is still to apply.
 func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
-	for {
-		ch := p.closedChan()
-		if p.ReadableAt(rev) {
-			return nil
-		}
+	if p.ReadableAt(rev) {
+		return nil
+	}
+	w := &readWaiter{rev: rev, ch: make(chan struct{})}
+	p.waiting.Lock()
+	heap.Push(&p.waiting.h, w)
+	p.nwaiting.Add(1)
+	p.waiting.Unlock()
+	// A sole-voter leader's own bound rises as the writes in flight below
+	// rev apply; others need a close through the log.
+	if !p.soleReadyLeader() {
 		p.RequestClose(rev)
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
+	}
+	p.notifyProgress() // it may have become readable while registering
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+		p.waiting.Lock()
+		for i, x := range p.waiting.h {
+			if x == w {
+				heap.Remove(&p.waiting.h, i)
+				p.nwaiting.Add(-1)
+				break
+			}
 		}
+		p.waiting.Unlock()
+		return ctx.Err()
 	}
 }
 
@@ -386,9 +443,10 @@ func (p *Partition) register() (*inflightWrite, uint64, error) {
 
 func (p *Partition) abandon(w *inflightWrite) {
 	p.prop.Lock()
-	defer p.prop.Unlock()
 	p.prop.inflight.Remove(w.elem)
 	p.maybeCloseLocked()
+	p.prop.Unlock()
+	p.notifyProgress()
 }
 
 // proposeWrite moves w from in flight into the raft log (as cmd, whose
@@ -423,6 +481,9 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 			p.prop.lastClosed = p.closed.Load()
 		}
 		p.prop.Unlock()
+		if err != nil {
+			p.notifyProgress() // a failed proposal publishes nothing
+		}
 		close(done)
 	})
 	p.maybeCloseLocked()
