@@ -20,6 +20,8 @@ import (
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	featuregatetesting "k8s.io/component-base/featuregate/testing"
+
+	"github.com/brainkv/brain/test/k8s/internal/failing"
 )
 
 // disabledUpstream marks tests that upstream's cacher_test.go declares but
@@ -106,20 +108,20 @@ func TestDeleteWithConflict(t *testing.T) {
 func TestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.AllowUnsafeMalformedObjectDeletion, true)
 
-	transformer := &testTransformer{Transformer: identity.NewEncryptCheckTransformer()}
+	transformer := &failing.Transformer{Transformer: identity.NewEncryptCheckTransformer()}
 	ctx, s, _ := testSetup(t, withTransformer(transformer))
 
-	storagetesting.RunTestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(ctx, t, s, transformer.setFailing)
+	storagetesting.RunTestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(ctx, t, s, transformer.SetFailing)
 }
 
 func TestDeleteWithConflictAndExpectedTransformError(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.AllowUnsafeMalformedObjectDeletion, true)
 
-	transformer := &testTransformer{Transformer: identity.NewEncryptCheckTransformer()}
+	transformer := &failing.Transformer{Transformer: identity.NewEncryptCheckTransformer()}
 	ctx, cacher, terminate := testSetup(t, withTransformer(transformer))
 	t.Cleanup(terminate)
 
-	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, cacher, transformer.setFailing)
+	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, cacher, transformer.SetFailing)
 }
 
 func TestDeleteWithConflictAndExpectedDecodeError(t *testing.T) {
@@ -129,11 +131,11 @@ func TestDeleteWithConflictAndExpectedDecodeError(t *testing.T) {
 	// test since it is deliberately exercising a case where the stored bytes cannot be decoded.
 	etcd3.TestOnlySetFatalOnDecodeError(t, false)
 
-	codec := &testCodec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
+	codec := &failing.Codec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
 	ctx, cacher, terminate := testSetup(t, withCodec(codec))
 	t.Cleanup(terminate)
 
-	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, cacher, codec.setFailing)
+	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, cacher, codec.SetFailing)
 }
 
 func TestDeleteWithSuggestionAndMissingExpectedTransformOrDecodeError(t *testing.T) {

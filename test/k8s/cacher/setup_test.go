@@ -12,11 +12,9 @@ package cacher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,38 +131,6 @@ func checkStorageInvariants(ctx context.Context, t *testing.T, key string) {
 
 func checkStorageCalls(t *testing.T, pageSize, estimatedProcessedObjects uint64) {
 	// No-op function for now, since cacher passes pagination calls to underlying storage.
-}
-
-type testTransformer struct {
-	value.Transformer
-	fail atomic.Bool
-}
-
-func (tt *testTransformer) setFailing(c bool) {
-	tt.fail.Store(c)
-}
-
-func (tt *testTransformer) TransformFromStorage(ctx context.Context, data []byte, dataCtx value.Context) (out []byte, stale bool, err error) {
-	if tt.fail.Load() {
-		return nil, false, errors.New("synthetic error")
-	}
-	return tt.Transformer.TransformFromStorage(ctx, data, dataCtx)
-}
-
-type testCodec struct {
-	runtime.Codec
-	fail atomic.Bool
-}
-
-func (tc *testCodec) setFailing(c bool) {
-	tc.fail.Store(c)
-}
-
-func (tc *testCodec) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (runtime.Object, *schema.GroupVersionKind, error) {
-	if tc.fail.Load() {
-		return nil, nil, errors.New("synthetic error")
-	}
-	return tc.Codec.Decode(data, defaults, into)
 }
 
 // env is what upstream reaches through *CacheDelegator's unexported fields

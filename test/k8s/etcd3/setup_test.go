@@ -9,14 +9,12 @@ package etcd3
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,38 +185,6 @@ func (s *storeWithTransformerOverride) UpdateTransformer(modifier storagetesting
 	return func() {
 		s.store.transformer.set(orig)
 	}
-}
-
-type testTransformer struct {
-	value.Transformer
-	fail atomic.Bool
-}
-
-func (tt *testTransformer) setFailing(c bool) {
-	tt.fail.Store(c)
-}
-
-func (tt *testTransformer) TransformFromStorage(ctx context.Context, data []byte, dataCtx value.Context) (out []byte, stale bool, err error) {
-	if tt.fail.Load() {
-		return nil, false, errors.New("synthetic error")
-	}
-	return tt.Transformer.TransformFromStorage(ctx, data, dataCtx)
-}
-
-type testCodec struct {
-	runtime.Codec
-	fail atomic.Bool
-}
-
-func (tc *testCodec) setFailing(c bool) {
-	tc.fail.Store(c)
-}
-
-func (tc *testCodec) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (runtime.Object, *schema.GroupVersionKind, error) {
-	if tc.fail.Load() {
-		return nil, nil, errors.New("synthetic error")
-	}
-	return tc.Codec.Decode(data, defaults, into)
 }
 
 // failingTransformer fails every read with err.

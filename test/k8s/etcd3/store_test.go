@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/brainkv/brain/test/k8s/internal/failing"
+
 	"k8s.io/apimachinery/pkg/api/apitesting"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/apis/example"
@@ -86,28 +88,28 @@ func TestDeleteWithConflict(t *testing.T) {
 func TestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.AllowUnsafeMalformedObjectDeletion, true)
 
-	codec := &testCodec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
+	codec := &failing.Codec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
 	ctx, s, _ := testSetup(t, withCodec(codec))
 
-	storagetesting.RunTestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(ctx, t, s, codec.setFailing)
+	storagetesting.RunTestDeleteWithConflictAndMissingExpectedTransformOrDecodeError(ctx, t, s, codec.SetFailing)
 }
 
 func TestDeleteWithConflictAndExpectedTransformError(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.AllowUnsafeMalformedObjectDeletion, true)
 
-	transformer := &testTransformer{Transformer: newTestTransformer()}
+	transformer := &failing.Transformer{Transformer: newTestTransformer()}
 	ctx, s, _ := testSetup(t, withTransformer(transformer))
 
-	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, s, transformer.setFailing)
+	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, s, transformer.SetFailing)
 }
 
 func TestDeleteWithConflictAndExpectedDecodeError(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.AllowUnsafeMalformedObjectDeletion, true)
 
-	codec := &testCodec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
+	codec := &failing.Codec{Codec: apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion)}
 	ctx, s, _ := testSetup(t, withCodec(codec))
 
-	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, s, codec.setFailing)
+	storagetesting.RunTestDeleteExpectedTransformOrDecodeError(ctx, t, s, codec.SetFailing)
 }
 
 func TestDeleteWithSuggestionAndMissingExpectedTransformOrDecodeFailure(t *testing.T) {
