@@ -42,6 +42,13 @@ type Config struct {
 	// MaxFollowerLag is how many entries a follower may lag before the
 	// leader truncates the log past it regardless; default 100000.
 	MaxFollowerLag uint64
+	// SnapshotTimeout bounds sending one snapshot; default 5 minutes.
+	SnapshotTimeout time.Duration
+	// NewReplica, if set, creates the state machine of a group this node
+	// does not host when a peer sends a message for it (a replica being
+	// added here); the replica starts empty and is caught up by snapshot.
+	// It returns nil to refuse.
+	NewReplica func(group uint64) (StateMachine, error)
 	// Logger is the structured logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the host's metrics; nil registers nothing.
@@ -79,6 +86,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxFollowerLag == 0 {
 		c.MaxFollowerLag = 100000
+	}
+	if c.SnapshotTimeout == 0 {
+		c.SnapshotTimeout = 5 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -33,6 +33,12 @@ type StateMachine interface {
 	Apply(ac *ApplyContext, e *raftpb.Entry, cmd []byte) any
 }
 
+// ConfObserver is optionally implemented by a StateMachine to learn of
+// applied membership changes. Called on the worker goroutine.
+type ConfObserver interface {
+	ConfChanged(cs raftpb.ConfState)
+}
+
 // LeadershipObserver is optionally implemented by a StateMachine to learn
 // when this replica becomes a leader ready to serve (it has applied an entry
 // of its own term, so its state includes every entry committed by earlier
@@ -91,24 +97,49 @@ type Group struct {
 
 	inbox struct {
 		sync.Mutex
-		msgs     []raftpb.Message // protected by inbox
-		props    []pendingProp    // protected by inbox
-		ticks    int              // protected by inbox
-		campaign bool             // protected by inbox
-		transfer uint64           // protected by inbox
+		msgs        []raftpb.Message  // protected by inbox
+		props       []pendingProp     // protected by inbox
+		ticks       int               // protected by inbox
+		campaign    bool              // protected by inbox
+		transfer    uint64            // protected by inbox
+		snapReports []snapReport      // protected by inbox
+		snapData    map[uint64][]byte // received snapshot data by index; protected by inbox
+		readIndex   []*readIndexReq   // protected by inbox
+		confChanges []pendingConf     // protected by inbox
 	}
-	waiters struct {
+	// readIndexes waiting for a ReadState, by request context; worker-owned.
+	readIndexes map[string]*readIndexReq
+	waiters     struct {
 		sync.Mutex
 		m map[uint64]*waiter // protected by waiters
 	}
 	status atomic.Pointer[Status]
 	// voters is the number of voters in the applied configuration.
 	voters atomic.Int32
+	// removed is set when the host stops hosting the group.
+	removed atomic.Bool
 }
 
 type pendingProp struct {
 	data []byte
 	id   uint64
+}
+
+type snapReport struct {
+	to     uint64
+	status raft.SnapshotStatus
+}
+
+type readIndexReq struct {
+	ctx  []byte
+	done chan struct{}
+	idx  uint64
+	err  error
+}
+
+type pendingConf struct {
+	cc raftpb.ConfChangeV2
+	id uint64
 }
 
 type waiter struct {
@@ -203,6 +234,45 @@ func (g *Group) enqueueProposal(cmd []byte, w *waiter) {
 	g.host.sched.enqueue(g)
 }
 
+// ReadIndex confirms, with a quorum of the group, that this replica is the
+// leader, and returns the commit index at that moment: every entry
+// committed before ReadIndex was called is at or below it. A deposed leader
+// that does not know it gets no answer (and ctx ends) or ErrNotLeader.
+func (g *Group) ReadIndex(ctx context.Context) (uint64, error) {
+	r := &readIndexReq{ctx: binary.BigEndian.AppendUint64(nil, g.host.nextProposalID()), done: make(chan struct{})}
+	g.inbox.Lock()
+	g.inbox.readIndex = append(g.inbox.readIndex, r)
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+	select {
+	case <-r.done:
+		return r.idx, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// ProposeConfChange proposes a membership change and waits until it is
+// applied here.
+func (g *Group) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) error {
+	id := g.host.nextProposalID()
+	w := &waiter{done: make(chan struct{})}
+	g.waiters.Lock()
+	g.waiters.m[id] = w
+	g.waiters.Unlock()
+	cc.Context = binary.BigEndian.AppendUint64(nil, id)
+	g.inbox.Lock()
+	g.inbox.confChanges = append(g.inbox.confChanges, pendingConf{cc: cc, id: id})
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Campaign asks this replica to start an election.
 func (g *Group) Campaign() {
 	g.inbox.Lock()
@@ -242,9 +312,34 @@ func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks := g.inbox.msgs, g.inbox.props, g.inbox.ticks
 	campaign, transfer := g.inbox.campaign, g.inbox.transfer
+	reports, reads, confs := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks = nil, nil, 0
 	g.inbox.campaign, g.inbox.transfer = false, 0
+	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges = nil, nil, nil
 	g.inbox.Unlock()
+
+	for _, r := range reports {
+		g.rn.ReportSnapshot(r.to, r.status)
+	}
+	for _, r := range reads {
+		if !g.isLeader {
+			r.err = ErrNotLeader
+			close(r.done)
+			continue
+		}
+		if g.readIndexes == nil {
+			g.readIndexes = make(map[string]*readIndexReq)
+		}
+		g.readIndexes[string(r.ctx)] = r
+		g.rn.ReadIndex(r.ctx)
+	}
+	for _, c := range confs {
+		if err := g.rn.ProposeConfChange(c.cc); err != nil {
+			if w := g.takeWaiter(c.id); w != nil {
+				w.finish(nil, ErrNotLeader)
+			}
+		}
+	}
 
 	for i := 0; i < ticks; i++ {
 		g.rn.Tick()
@@ -284,4 +379,28 @@ func (g *Group) publishStatus() {
 		Applied:     g.applied,
 		Voters:      append([]uint64(nil), g.conf.Voters...),
 	})
+}
+
+// answerReadIndexes completes ReadIndex requests raft has confirmed.
+func (g *Group) answerReadIndexes(states []raft.ReadState) {
+	for _, rs := range states {
+		if r := g.readIndexes[string(rs.RequestCtx)]; r != nil {
+			delete(g.readIndexes, string(rs.RequestCtx))
+			r.idx = rs.Index
+			close(r.done)
+		}
+	}
+	if !g.isLeader && len(g.readIndexes) > 0 {
+		for k, r := range g.readIndexes {
+			r.err = ErrLeaderChanged
+			close(r.done)
+			delete(g.readIndexes, k)
+		}
+	}
+}
+
+// firstIndexForTest returns the first index of the in-memory log.
+func (g *Group) firstIndexForTest() uint64 {
+	i, _ := g.ms.FirstIndex()
+	return i
 }

@@ -1,6 +1,7 @@
 package raftgroup
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -27,7 +28,8 @@ type Host struct {
 
 	mu struct {
 		sync.RWMutex
-		groups map[uint64]*Group // protected by mu
+		groups  map[uint64]*Group   // protected by mu
+		removed map[uint64]struct{} // groups removed here; protected by mu
 	}
 	stopOnce sync.Once
 	stopc    chan struct{}
@@ -62,6 +64,7 @@ func NewHost(cfg Config, db *pebble.DB, t Transport) (*Host, error) {
 		stopc: make(chan struct{}),
 	}
 	h.mu.groups = make(map[uint64]*Group)
+	h.mu.removed = make(map[uint64]struct{})
 	h.fatal = func(err error) {
 		h.log.Error("fatal storage error; stopping", "err", err)
 		panic(err)
@@ -120,11 +123,18 @@ func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group,
 	if _, ok := h.mu.groups[id]; ok {
 		return nil, fmt.Errorf("raftgroup: group %d already exists", id)
 	}
+	delete(h.mu.removed, id)
+	return h.createGroupLocked(id, voters, sm)
+}
+
+// createGroupLocked creates a group; voters nil with no persisted state
+// makes an uninitialized replica, which waits for a snapshot.
+func (h *Host) createGroupLocked(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
 	st, err := loadState(h.db, id)
 	if err != nil {
 		return nil, err
 	}
-	if !st.exists {
+	if !st.exists && voters != nil {
 		b := h.db.NewBatch()
 		if err := writeBootstrap(b, id, voters); err != nil {
 			return nil, err
@@ -136,15 +146,20 @@ func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group,
 			return nil, err
 		}
 	}
-	ms, err := newMemoryStorage(st)
-	if err != nil {
-		return nil, err
+	var ms *raft.MemoryStorage
+	if st.exists {
+		if ms, err = newMemoryStorage(st); err != nil {
+			return nil, err
+		}
+	} else {
+		ms = raft.NewMemoryStorage() // uninitialized: empty log
 	}
+	g := &Group{id: id, host: h, sm: sm, ms: ms}
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        h.cfg.NodeID,
 		ElectionTick:              h.cfg.ElectionTicks,
 		HeartbeatTick:             h.cfg.HeartbeatTicks,
-		Storage:                   ms,
+		Storage:                   snapStorage{MemoryStorage: ms, g: g},
 		Applied:                   st.applied,
 		MaxSizePerMsg:             h.cfg.MaxSizePerMsg,
 		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
@@ -158,16 +173,9 @@ func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group,
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: group %d: %w", id, err)
 	}
-	g := &Group{
-		id: id, host: h, sm: sm, ms: ms, rn: rn,
-		prevHard:    st.hard,
-		conf:        st.conf,
-		applied:     st.applied,
-		firstIndex:  st.truncIdx + 1,
-		lastIndex:   st.truncIdx + uint64(len(st.entries)),
-		appliedTerm: 0,
-		term:        st.hard.Term,
-	}
+	g.rn = rn
+	g.prevHard, g.conf, g.applied, g.term = st.hard, st.conf, st.applied, st.hard.Term
+	g.firstIndex, g.lastIndex = st.truncIdx+1, st.truncIdx+uint64(len(st.entries))
 	g.waiters.m = make(map[uint64]*waiter)
 	g.publishStatus()
 	h.mu.groups[id] = g
@@ -176,6 +184,32 @@ func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group,
 	}
 	h.sched.enqueue(g)
 	return g, nil
+}
+
+// groupOrCreate returns the group, creating an uninitialized replica with
+// the NewReplica factory if this node does not host it. It returns nil if
+// there is no factory or it refuses.
+func (h *Host) groupOrCreate(id uint64) (*Group, error) {
+	h.mu.RLock()
+	g := h.mu.groups[id]
+	h.mu.RUnlock()
+	if g != nil || h.cfg.NewReplica == nil {
+		return g, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g := h.mu.groups[id]; g != nil {
+		return g, nil
+	}
+	if h.isRemovedLocked(id) {
+		return nil, nil
+	}
+	sm, err := h.cfg.NewReplica(id)
+	if err != nil || sm == nil {
+		return nil, err
+	}
+	h.log.Info("creating a replica for a peer's message", "group", id)
+	return h.createGroupLocked(id, nil, sm)
 }
 
 func (h *Host) runTicker() {
@@ -198,13 +232,54 @@ func (h *Host) runTicker() {
 	}
 }
 
-// Deliver hands inbound raft messages to their groups. Messages for groups
-// not hosted here are dropped.
+func (h *Host) isRemovedLocked(id uint64) bool {
+	_, ok := h.mu.removed[id]
+	return ok
+}
+
+// RemoveGroup stops hosting group id and deletes its state (raft and, if
+// the state machine is a Snapshotter, replicated state). Messages for it
+// are dropped from then on (until CreateGroup hosts it again).
+func (h *Host) RemoveGroup(id uint64) error {
+	h.mu.Lock()
+	g := h.mu.groups[id]
+	delete(h.mu.groups, id)
+	h.mu.removed[id] = struct{}{}
+	h.mu.Unlock()
+	if g == nil {
+		return nil
+	}
+	g.removed.Store(true)
+	// Wait for any round in progress on the group to end.
+	h.sched.waitIdle(g)
+	g.failAllWaiters(ErrLeaderChanged)
+	b := h.db.NewBatch()
+	defer b.Close()
+	start, end := groupSpan(id)
+	if err := b.DeleteRange(start, end, nil); err != nil {
+		return err
+	}
+	if sn, ok := g.sm.(Snapshotter); ok {
+		if err := sn.ClearState(b); err != nil {
+			return err
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	h.log.Info("removed replica", "group", id)
+	return nil
+}
+
+// Deliver hands inbound raft messages to their groups. A message for a
+// group not hosted here creates its replica (see Config.NewReplica) or is
+// dropped.
 func (h *Host) Deliver(msgs []GroupMessage) {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
 	for _, m := range msgs {
-		g := h.mu.groups[m.Group]
+		g, err := h.groupOrCreate(m.Group)
+		if err != nil {
+			h.log.Warn("cannot create replica", "group", m.Group, "err", err)
+		}
 		if g == nil {
 			continue
 		}
@@ -238,6 +313,9 @@ type readyItem struct {
 func (h *Host) processRound(gs []*Group) {
 	items := make([]readyItem, 0, len(gs))
 	for _, g := range gs {
+		if g.removed.Load() {
+			continue
+		}
 		g.drainInbox()
 		if g.rn.HasReady() {
 			items = append(items, readyItem{g: g, rd: g.rn.Ready()})
@@ -247,6 +325,17 @@ func (h *Host) processRound(gs []*Group) {
 		return
 	}
 	h.metrics.roundGroups.Observe(float64(len(items)))
+
+	// A Ready carrying a snapshot: install it, in a batch of its own, so
+	// the state machine reloads before it applies the entries after it.
+	for i := range items {
+		if it := &items[i]; !raft.IsEmptySnap(it.rd.Snapshot) {
+			if err := h.installSnapshot(it.g, it.rd.Snapshot); err != nil {
+				h.fatal(err)
+				return
+			}
+		}
+	}
 
 	// One batch for the whole round: the state changes of the committed
 	// entries (durable in earlier rounds) and the new entries and hard
@@ -261,10 +350,6 @@ func (h *Host) processRound(gs []*Group) {
 	mustSync := false
 	for i := range items {
 		it := &items[i]
-		if !raft.IsEmptySnap(it.rd.Snapshot) {
-			h.fatal(fmt.Errorf("raftgroup: group %d: receiving snapshots is not supported yet", it.g.id))
-			return
-		}
 		if err := appendReady(b, it.g.id, &it.rd, it.g.lastIndex); err != nil {
 			h.fatal(err)
 			return
@@ -314,6 +399,7 @@ func (h *Host) processRound(gs []*Group) {
 	}
 	for i := range items {
 		h.observeLeadership(items[i].g, items[i].rd.SoftState)
+		items[i].g.answerReadIndexes(items[i].rd.ReadStates)
 	}
 
 	// Step 3: send messages, batched per destination.
@@ -355,6 +441,10 @@ func (h *Host) sendMessages(items []readyItem) {
 	var byDest map[uint64][]GroupMessage
 	for i := range items {
 		for _, m := range items[i].rd.Messages {
+			if m.Type == raftpb.MsgSnap {
+				h.sendSnapshot(items[i].g, m)
+				continue
+			}
 			if byDest == nil {
 				byDest = make(map[uint64][]GroupMessage)
 			}
@@ -420,10 +510,18 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 					h.fatal(err)
 					return nil, nil, false
 				}
+				if ctx := confContext(cc); len(ctx) == 8 {
+					if w := g.takeWaiter(binary.BigEndian.Uint64(ctx)); w != nil {
+						deliveries = append(deliveries, delivery{w, nil})
+					}
+				}
+				if o, ok := g.sm.(ConfObserver); ok {
+					o.ConfChanged(*cs)
+				}
 			}
 			g.applied, g.appliedTerm = e.Index, e.Term
 		}
-		if err := setApplied(ac.Batch, g.id, g.applied); err != nil {
+		if err := setApplied(ac.Batch, g.id, g.applied, g.appliedTerm); err != nil {
 			h.fatal(err)
 			return nil, nil, false
 		}

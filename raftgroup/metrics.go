@@ -3,11 +3,13 @@ package raftgroup
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	proposals        prometheus.Counter
-	proposalsDropped prometheus.Counter
-	applied          prometheus.Counter
-	roundGroups      prometheus.Histogram
-	logSync          prometheus.Histogram
+	proposals         prometheus.Counter
+	proposalsDropped  prometheus.Counter
+	applied           prometheus.Counter
+	roundGroups       prometheus.Histogram
+	logSync           prometheus.Histogram
+	snapshotsSent     prometheus.Counter
+	snapshotsReceived prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,9 +31,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "brain_raft_log_sync_seconds", Help: "Latency of one synced raft log batch commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
 		}),
+		snapshotsSent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_snapshots_sent_total", Help: "Raft snapshots sent to lagging or new replicas.",
+		}),
+		snapshotsReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_snapshots_received_total", Help: "Raft snapshots received.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived)
 	}
 	return m
 }

@@ -1,6 +1,9 @@
 package raftgroup
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // scheduler is a queue of groups with work, taken by a fixed pool of
 // workers (CockroachDB's raftScheduler). A group is on the queue at most
@@ -85,6 +88,27 @@ func (s *scheduler) done(g *Group, requeue bool) {
 		delete(s.mu.state, g)
 	}
 	s.mu.Unlock()
+}
+
+// waitIdle waits until no worker processes g and removes it from the
+// queue (it must no longer be enqueued by anyone).
+func (s *scheduler) waitIdle(g *Group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.mu.state[g]&stateProcessing != 0 {
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+	}
+	if s.mu.state[g]&stateQueued != 0 {
+		for i, q := range s.mu.queue {
+			if q == g {
+				s.mu.queue = append(s.mu.queue[:i], s.mu.queue[i+1:]...)
+				break
+			}
+		}
+	}
+	delete(s.mu.state, g)
 }
 
 func (s *scheduler) stop() {

@@ -94,6 +94,10 @@ func loadState(db *pebble.DB, group uint64) (*persistedState, error) {
 	} else if err != pebble.ErrNotFound {
 		return nil, err
 	}
+	if st.applied < st.truncIdx {
+		// A snapshot was applied: it is the applied state.
+		st.applied = st.truncIdx
+	}
 	iter, err := db.NewIter(&pebble.IterOptions{
 		LowerBound: logKey(group, st.truncIdx+1),
 		UpperBound: engine.PrefixEnd(raftKey(group, kindLog)),
@@ -130,7 +134,7 @@ func writeBootstrap(b *pebble.Batch, group uint64, voters []uint64) error {
 	if err := setTruncated(b, group, InitialIndex, InitialTerm); err != nil {
 		return err
 	}
-	return setApplied(b, group, InitialIndex)
+	return setApplied(b, group, InitialIndex, InitialTerm)
 }
 
 func setProto(b *pebble.Batch, key []byte, m interface{ Marshal() ([]byte, error) }) error {
@@ -146,8 +150,28 @@ func setTruncated(b *pebble.Batch, group, index, term uint64) error {
 	return b.Set(raftKey(group, kindTruncated), v, nil)
 }
 
-func setApplied(b *pebble.Batch, group, index uint64) error {
-	return b.Set(raftKey(group, kindApplied), engine.PutUint64(nil, index), nil)
+// setApplied records the applied index and the term of that entry.
+func setApplied(b *pebble.Batch, group, index, term uint64) error {
+	return b.Set(raftKey(group, kindApplied), engine.PutUint64(engine.PutUint64(nil, index), term), nil)
+}
+
+// readApplied reads the applied index and term, and the conf state, from r
+// (a Pebble snapshot when building a raft snapshot).
+func readApplied(r pebble.Reader, group uint64) (index, term uint64, cs raftpb.ConfState, err error) {
+	v, closer, err := r.Get(raftKey(group, kindApplied))
+	if err != nil {
+		return 0, 0, cs, err
+	}
+	if len(v) != 16 {
+		closer.Close()
+		return 0, 0, cs, fmt.Errorf("raftgroup: group %d: applied state has no term", group)
+	}
+	index, term = binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
+	closer.Close()
+	if _, err := getProto(r, raftKey(group, kindConfState), &cs); err != nil {
+		return 0, 0, cs, err
+	}
+	return index, term, cs, nil
 }
 
 // appendReady writes a Ready's entries and hard state to b. lastIndex is the

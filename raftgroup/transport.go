@@ -1,6 +1,9 @@
 package raftgroup
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"sync"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -13,14 +16,20 @@ type GroupMessage struct {
 }
 
 // Transport carries raft messages between hosts. Send must not block for
-// long and may drop messages: raft retransmits.
+// long and may drop messages: raft retransmits. SendSnapshot delivers a
+// snapshot to the peer's Host.ReceiveSnapshot and returns its outcome.
 type Transport interface {
 	Send(to uint64, msgs []GroupMessage)
+	SendSnapshot(ctx context.Context, to uint64, env *SnapshotEnvelope) error
 }
 
 type nopTransport struct{}
 
 func (nopTransport) Send(uint64, []GroupMessage) {}
+
+func (nopTransport) SendSnapshot(context.Context, uint64, *SnapshotEnvelope) error {
+	return errors.New("raftgroup: no transport")
+}
 
 // MemTransport connects hosts in one process, for tests. A Filter, if set,
 // can drop or delay messages.
@@ -63,6 +72,16 @@ func (t *MemTransport) From(from uint64) Transport { return memSender{t, from} }
 type memSender struct {
 	t    *MemTransport
 	from uint64
+}
+
+func (s memSender) SendSnapshot(ctx context.Context, to uint64, env *SnapshotEnvelope) error {
+	s.t.mu.RLock()
+	h, f := s.t.hosts[to], s.t.filter
+	s.t.mu.RUnlock()
+	if h == nil || f != nil && !f(s.from, to, GroupMessage{Group: env.Group, Msg: env.Msg}) {
+		return fmt.Errorf("raftgroup: node %d unreachable", to)
+	}
+	return h.ReceiveSnapshot(env)
 }
 
 func (s memSender) Send(to uint64, msgs []GroupMessage) {

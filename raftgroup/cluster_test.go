@@ -1,0 +1,275 @@
+package raftgroup
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/engine"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// snapCounter is counterSM with snapshot support.
+type snapCounter struct {
+	*counterSM
+	db *pebble.DB
+}
+
+func (c *snapCounter) WriteSnapshot(r pebble.Reader, emit func(k, v []byte) error) error {
+	v, closer, err := r.Get(c.key())
+	if err == pebble.ErrNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	return emit(c.key(), v)
+}
+
+func (c *snapCounter) ClearState(b *pebble.Batch) error { return b.Delete(c.key(), nil) }
+
+func (c *snapCounter) SnapshotApplied() error {
+	v, closer, err := c.db.Get(c.key())
+	if err == pebble.ErrNotFound {
+		c.n, c.sum = 0, 0
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	c.n, c.sum = readU64(v[:8]), readU64(v[8:])
+	return nil
+}
+
+func readU64(b []byte) uint64 {
+	var x uint64
+	for _, c := range b {
+		x = x<<8 | uint64(c)
+	}
+	return x
+}
+
+type testNode struct {
+	id   uint64
+	fs   vfs.FS
+	db   *pebble.DB
+	host *Host
+}
+
+const testGroup = 7
+
+func startNode(t *testing.T, tr *MemTransport, id uint64, fs vfs.FS, voters []uint64) *testNode {
+	t.Helper()
+	db := openMem(t, fs)
+	cfg := testConfig(id)
+	cfg.MaxFollowerLag = 40
+	n := &testNode{id: id, fs: fs, db: db}
+	cfg.NewReplica = func(group uint64) (StateMachine, error) {
+		return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
+	}
+	h, err := NewHost(cfg, db, tr.From(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.host = h
+	tr.Register(id, h)
+	if voters != nil {
+		if _, err := h.CreateGroup(testGroup, voters, &snapCounter{counterSM: newCounterSM(t, db, testGroup), db: db}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Start()
+	return n
+}
+
+func (n *testNode) stop(t *testing.T, tr *MemTransport) {
+	tr.Unregister(n.id)
+	n.host.Stop()
+	if err := n.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func groupsOf(ns ...*testNode) []*Group {
+	var gs []*Group
+	for _, n := range ns {
+		if g := n.host.Group(testGroup); g != nil {
+			gs = append(gs, g)
+		}
+	}
+	return gs
+}
+
+func propose(t *testing.T, g *Group, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := g.Propose(context.Background(), cmd(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitCount(t *testing.T, n *testNode, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got, _ := readCounter(t, n.db, testGroup)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d applied %d commands, want %d", n.id, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSnapshotCatchesUpLaggingReplica cuts a follower off while the leader
+// truncates its log past it, then heals: the follower must be caught up by
+// a snapshot, not by entries it can no longer get.
+func TestSnapshotCatchesUpLaggingReplica(t *testing.T) {
+	tr := NewMemTransport()
+	var nodes []*testNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, startNode(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}))
+	}
+	defer func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	}()
+	nodes[0].host.Group(testGroup).Campaign()
+	leader := waitLeader(t, groupsOf(nodes...)...)
+	propose(t, leader, 20)
+	var lag *testNode
+	for _, n := range nodes {
+		if n.host.Group(testGroup) != leader {
+			lag = n
+			break
+		}
+	}
+	tr.SetFilter(func(from, to uint64, _ GroupMessage) bool { return from != lag.id && to != lag.id })
+	propose(t, leader, 300)
+	if first := leader.firstIndexForTest(); first < 100 {
+		t.Fatalf("leader did not truncate its log past the lagging follower (first index %d)", first)
+	}
+	tr.SetFilter(nil)
+	for _, n := range nodes {
+		waitCount(t, n, 320)
+	}
+	if got := counterValue(leader.host.metrics.snapshotsSent); got < 1 {
+		t.Fatalf("no snapshot was sent (%v)", got)
+	}
+}
+
+// TestAddAndRemoveReplicas adds a fourth node as a learner (created empty,
+// caught up by snapshot), promotes it, removes an original voter, and
+// checks that the group keeps working with the new membership.
+func TestAddAndRemoveReplicas(t *testing.T) {
+	tr := NewMemTransport()
+	var nodes []*testNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, startNode(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}))
+	}
+	n4 := startNode(t, tr, 4, vfs.NewMem(), nil)
+	nodes = append(nodes, n4)
+	defer func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	}()
+	nodes[0].host.Group(testGroup).Campaign()
+	leader := waitLeader(t, groupsOf(nodes...)...)
+	propose(t, leader, 200) // past the log the leader keeps: node 4 needs a snapshot
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, n4, 200)
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddNode, NodeID: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Remove a voter that is not the leader.
+	var gone *testNode
+	for _, n := range nodes[:3] {
+		if n.host.Group(testGroup) != leader {
+			gone = n
+			break
+		}
+	}
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.host.RemoveGroup(testGroup); err != nil {
+		t.Fatal(err)
+	}
+	st := leader.Status()
+	want := []uint64{1, 2, 3, 4}
+	want = slices.DeleteFunc(want, func(id uint64) bool { return id == gone.id })
+	got := slices.Clone(st.Voters)
+	slices.Sort(got)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("voters %v, want %v", got, want)
+	}
+	propose(t, leader, 50)
+	for _, n := range nodes {
+		if n != gone {
+			waitCount(t, n, 250)
+		}
+	}
+	if c, _ := readCounter(t, gone.db, testGroup); c != 0 {
+		t.Fatalf("the removed replica kept its state (%d)", c)
+	}
+}
+
+// TestReadIndexAndRestartAll checks ReadIndex on the leader and a follower,
+// then stops every node at once and restarts them from their data.
+func TestReadIndexAndRestartAll(t *testing.T) {
+	tr := NewMemTransport()
+	fss := []vfs.FS{vfs.NewMem(), vfs.NewMem(), vfs.NewMem()}
+	var nodes []*testNode
+	for i, fs := range fss {
+		nodes = append(nodes, startNode(t, tr, uint64(i+1), fs, []uint64{1, 2, 3}))
+	}
+	nodes[0].host.Group(testGroup).Campaign()
+	leader := waitLeader(t, groupsOf(nodes...)...)
+	propose(t, leader, 30)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	idx, err := leader.ReadIndex(ctx)
+	if err != nil || idx < 30 {
+		t.Fatalf("ReadIndex on the leader: %d %v", idx, err)
+	}
+	for _, g := range groupsOf(nodes...) {
+		if g != leader {
+			if _, err := g.ReadIndex(ctx); err != ErrNotLeader {
+				t.Fatalf("ReadIndex on a follower: %v, want ErrNotLeader", err)
+			}
+		}
+	}
+	for _, n := range nodes {
+		n.stop(t, tr)
+	}
+	nodes = nodes[:0]
+	for i, fs := range fss {
+		nodes = append(nodes, startNode(t, tr, uint64(i+1), fs, []uint64{1, 2, 3}))
+	}
+	defer func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	}()
+	leader = waitLeader(t, groupsOf(nodes...)...)
+	propose(t, leader, 5)
+	for _, n := range nodes {
+		waitCount(t, n, 35)
+	}
+	_ = engine.MVCCPrefix
+}
