@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/kvapi"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
@@ -102,7 +103,7 @@ func New(cfg Config) *Server {
 // sends pre-encoded watch frames, and etcd's message size limits.
 func (s *Server) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(newFrameCodec()),
+		grpc.ForceServerCodecV2(rpccodec.New()),
 		grpc.MaxRecvMsgSize(int(s.cfg.MaxRequestBytes + GRPCOverheadBytes)),
 		grpc.MaxSendMsgSize(1<<31 - 1),
 		grpc.MaxConcurrentStreams(1<<32 - 1),

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/brainkv/brain/internal/rpccodec"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/metadata"
@@ -374,7 +375,7 @@ func (sws *watchStream) sendEvents(w *watcher, rev int64, events []byte, fragmen
 	b = append(b, events...)
 	w.sent = true
 	sws.s.hub.frames.Inc()
-	return sws.stream.SendMsg(&rawFrame{b: b})
+	return sws.stream.SendMsg(&rpccodec.Raw{B: b})
 }
 
 func (sws *watchStream) compacted(w *watcher, compact int64) error {

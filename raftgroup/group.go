@@ -106,6 +106,7 @@ type Group struct {
 		snapData    map[uint64][]byte // received snapshot data by index; protected by inbox
 		readIndex   []*readIndexReq   // protected by inbox
 		confChanges []pendingConf     // protected by inbox
+		unreachable []uint64          // peers raft should back off from; protected by inbox
 	}
 	// readIndexes waiting for a ReadState, by request context; worker-owned.
 	readIndexes map[string]*readIndexReq
@@ -312,12 +313,15 @@ func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks := g.inbox.msgs, g.inbox.props, g.inbox.ticks
 	campaign, transfer := g.inbox.campaign, g.inbox.transfer
-	reports, reads, confs := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges
+	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks = nil, nil, 0
 	g.inbox.campaign, g.inbox.transfer = false, 0
-	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges = nil, nil, nil
+	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
 
+	for _, to := range unreachable {
+		g.rn.ReportUnreachable(to)
+	}
 	for _, r := range reports {
 		g.rn.ReportSnapshot(r.to, r.status)
 	}

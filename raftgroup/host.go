@@ -271,6 +271,21 @@ func (h *Host) RemoveGroup(id uint64) error {
 	return nil
 }
 
+// ReportUnreachable tells group's raft that messages to node did not get
+// through.
+func (h *Host) ReportUnreachable(group, node uint64) {
+	h.mu.RLock()
+	g := h.mu.groups[group]
+	h.mu.RUnlock()
+	if g == nil {
+		return
+	}
+	g.inbox.Lock()
+	g.inbox.unreachable = append(g.inbox.unreachable, node)
+	g.inbox.Unlock()
+	h.sched.enqueue(g)
+}
+
 // Deliver hands inbound raft messages to their groups. A message for a
 // group not hosted here creates its replica (see Config.NewReplica) or is
 // dropped.

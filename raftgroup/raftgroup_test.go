@@ -2,6 +2,8 @@ package raftgroup
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"encoding/binary"
 	"sync"
 	"testing"
@@ -50,8 +52,12 @@ func readCounter(t *testing.T, db *pebble.DB, group uint64) (n, sum uint64) {
 	return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
 }
 
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
 func testConfig(id uint64) Config {
-	return Config{NodeID: id, TickInterval: 10 * time.Millisecond, LogKeepEntries: 16, TruncateEvery: 32}
+	return Config{NodeID: id, TickInterval: 10 * time.Millisecond, LogKeepEntries: 16, TruncateEvery: 32, Logger: testLogger()}
 }
 
 func openMem(t *testing.T, fs vfs.FS) *pebble.DB {

@@ -1,0 +1,69 @@
+// Package rpccodec is the gRPC codec of brain's servers and of the
+// connections between nodes.
+//
+// It sends three kinds of messages:
+//   - Raw frames: bytes already in protobuf wire format (the watch path
+//     splices events encoded once for many watchers into them).
+//   - Binary messages: brain's internal messages and raft's gogo-generated
+//     ones, which marshal themselves (Marshal/Unmarshal), so no generated
+//     protobuf code is needed for the internal services.
+//   - Everything else through gRPC's protobuf codec (the etcd API).
+package rpccodec
+
+import (
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+)
+
+// Name is the codec's name. It replaces "proto" on brain's servers and on
+// node-to-node connections; etcd clients keep sending "proto" and get
+// protobuf.
+const Name = "proto"
+
+// Raw is a message already in wire format.
+type Raw struct{ B []byte }
+
+// Binary is a message that marshals itself.
+type Binary interface {
+	Marshal() ([]byte, error)
+	Unmarshal([]byte) error
+}
+
+// Codec implements encoding.CodecV2.
+type Codec struct{ proto encoding.CodecV2 }
+
+// New returns the codec.
+func New() Codec { return Codec{proto: encoding.GetCodecV2("proto")} }
+
+// Marshal implements encoding.CodecV2.
+func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
+	switch m := v.(type) {
+	case *Raw:
+		return mem.BufferSlice{mem.SliceBuffer(m.B)}, nil
+	case internal:
+		b, err := m.Marshal()
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+// Unmarshal implements encoding.CodecV2.
+func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(internal); ok {
+		return m.Unmarshal(data.Materialize())
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// Name implements encoding.CodecV2.
+func (Codec) Name() string { return Name }
+
+// internal marks brain's own messages (they implement Binary and
+// BrainMessage), which must never go through the protobuf codec.
+type internal interface {
+	Binary
+	BrainMessage()
+}

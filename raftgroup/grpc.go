@@ -1,0 +1,470 @@
+package raftgroup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/brainkv/brain/internal/rpccodec"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// The raft transport between nodes is a gRPC service with two
+// client-streaming methods: Messages carries batches of raft messages (one
+// stream per pair of nodes, each Send carrying every message queued for
+// the destination, heartbeats of all groups included), and Snapshot
+// carries one snapshot in chunks. Messages are brain's own binary
+// encoding (rpccodec), so the service needs no generated code.
+
+// RaftBatch is the raft messages one node sends another in one Send.
+type RaftBatch struct {
+	From uint64
+	Msgs []GroupMessage
+}
+
+// BrainMessage marks an internal message (see rpccodec).
+func (*RaftBatch) BrainMessage() {}
+
+// Marshal encodes the batch.
+func (b *RaftBatch) Marshal() ([]byte, error) {
+	size := 20
+	for i := range b.Msgs {
+		size += 20 + b.Msgs[i].Msg.Size()
+	}
+	out := make([]byte, 0, size)
+	out = binary.AppendUvarint(out, b.From)
+	out = binary.AppendUvarint(out, uint64(len(b.Msgs)))
+	for i := range b.Msgs {
+		m := &b.Msgs[i]
+		out = binary.AppendUvarint(out, m.Group)
+		n := m.Msg.Size()
+		out = binary.AppendUvarint(out, uint64(n))
+		off := len(out)
+		out = append(out, make([]byte, n)...)
+		if _, err := m.Msg.MarshalToSizedBuffer(out[off:]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Unmarshal decodes the batch.
+func (b *RaftBatch) Unmarshal(data []byte) error {
+	d := byteReader{b: data}
+	b.From = d.uvarint()
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(data)) {
+		return errCorruptMessage
+	}
+	b.Msgs = make([]GroupMessage, 0, n)
+	for i := uint64(0); i < n; i++ {
+		var m GroupMessage
+		m.Group = d.uvarint()
+		body := d.chunk()
+		if d.err != nil {
+			return d.err
+		}
+		if err := m.Msg.Unmarshal(body); err != nil {
+			return err
+		}
+		b.Msgs = append(b.Msgs, m)
+	}
+	return nil
+}
+
+// SnapshotChunk is one message of a snapshot stream: the first carries the
+// group and raft message, the others data.
+type SnapshotChunk struct {
+	Group uint64
+	Msg   *raftpb.Message
+	Data  []byte
+}
+
+// BrainMessage marks an internal message.
+func (*SnapshotChunk) BrainMessage() {}
+
+// Marshal encodes the chunk.
+func (c *SnapshotChunk) Marshal() ([]byte, error) {
+	var msg []byte
+	if c.Msg != nil {
+		var err error
+		if msg, err = c.Msg.Marshal(); err != nil {
+			return nil, err
+		}
+	}
+	out := binary.AppendUvarint(nil, c.Group)
+	out = binary.AppendUvarint(out, uint64(len(msg)))
+	out = append(out, msg...)
+	out = binary.AppendUvarint(out, uint64(len(c.Data)))
+	return append(out, c.Data...), nil
+}
+
+// Unmarshal decodes the chunk.
+func (c *SnapshotChunk) Unmarshal(data []byte) error {
+	d := byteReader{b: data}
+	c.Group = d.uvarint()
+	msg := d.chunk()
+	c.Data = append([]byte(nil), d.chunk()...)
+	if d.err != nil {
+		return d.err
+	}
+	if len(msg) > 0 {
+		c.Msg = &raftpb.Message{}
+		return c.Msg.Unmarshal(msg)
+	}
+	return nil
+}
+
+// Ack answers a stream; Err is empty on success.
+type Ack struct{ Err string }
+
+// BrainMessage marks an internal message.
+func (*Ack) BrainMessage() {}
+
+// Marshal encodes the ack.
+func (a *Ack) Marshal() ([]byte, error) { return []byte(a.Err), nil }
+
+// Unmarshal decodes the ack.
+func (a *Ack) Unmarshal(b []byte) error { a.Err = string(b); return nil }
+
+var errCorruptMessage = errors.New("raftgroup: corrupt transport message")
+
+type byteReader struct {
+	b   []byte
+	err error
+}
+
+func (r *byteReader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errCorruptMessage
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *byteReader) chunk() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if uint64(len(r.b)) < n {
+		r.err = errCorruptMessage
+		return nil
+	}
+	c := r.b[:n]
+	r.b = r.b[n:]
+	return c
+}
+
+const raftServiceName = "brain.Raft"
+
+type raftServer interface {
+	messages(grpc.ServerStream) error
+	snapshot(grpc.ServerStream) error
+}
+
+var raftServiceDesc = grpc.ServiceDesc{
+	ServiceName: raftServiceName,
+	HandlerType: (*raftServer)(nil),
+	Streams: []grpc.StreamDesc{
+		{StreamName: "Messages", ClientStreams: true, Handler: func(srv any, s grpc.ServerStream) error { return srv.(raftServer).messages(s) }},
+		{StreamName: "Snapshot", ClientStreams: true, Handler: func(srv any, s grpc.ServerStream) error { return srv.(raftServer).snapshot(s) }},
+	},
+	Metadata: "brain/raft",
+}
+
+// RegisterService serves the raft transport for h on s.
+func RegisterService(s *grpc.Server, h *Host) {
+	s.RegisterService(&raftServiceDesc, hostServer{h})
+}
+
+type hostServer struct{ h *Host }
+
+func (hs hostServer) messages(s grpc.ServerStream) error {
+	for {
+		var b RaftBatch
+		if err := s.RecvMsg(&b); err != nil {
+			if errors.Is(err, io.EOF) {
+				return s.SendMsg(&Ack{})
+			}
+			return err
+		}
+		hs.h.Deliver(b.Msgs)
+	}
+}
+
+func (hs hostServer) snapshot(s grpc.ServerStream) error {
+	var first SnapshotChunk
+	if err := s.RecvMsg(&first); err != nil {
+		return err
+	}
+	if first.Msg == nil {
+		return s.SendMsg(&Ack{Err: "snapshot stream without a header"})
+	}
+	data := first.Data
+	for {
+		var c SnapshotChunk
+		err := s.RecvMsg(&c)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		data = append(data, c.Data...)
+	}
+	ack := &Ack{}
+	if err := hs.h.ReceiveSnapshot(&SnapshotEnvelope{Group: first.Group, Msg: *first.Msg, Data: data}); err != nil {
+		ack.Err = err.Error()
+	}
+	return s.SendMsg(ack)
+}
+
+// GRPCTransport sends raft traffic to peers over gRPC.
+type GRPCTransport struct {
+	self    uint64
+	resolve func(node uint64) (addr string, ok bool)
+	log     *slog.Logger
+	host    *Host
+	dialOpt []grpc.DialOption
+
+	mu struct {
+		sync.Mutex
+		peers  map[uint64]*peer
+		closed bool
+	}
+}
+
+// NewGRPCTransport returns a transport for node self that finds peers'
+// raft addresses with resolve. Bind it to the host before starting it.
+func NewGRPCTransport(self uint64, resolve func(uint64) (string, bool), log *slog.Logger, opts ...grpc.DialOption) *GRPCTransport {
+	t := &GRPCTransport{self: self, resolve: resolve, log: log.With("component", "raft-transport")}
+	t.mu.peers = make(map[uint64]*peer)
+	t.dialOpt = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rpccodec.New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)),
+	}, opts...)
+	return t
+}
+
+// Bind sets the host to report unreachable peers to.
+func (t *GRPCTransport) Bind(h *Host) { t.host = h }
+
+// Close stops every sender.
+func (t *GRPCTransport) Close() {
+	t.mu.Lock()
+	t.mu.closed = true
+	peers := t.mu.peers
+	t.mu.peers = map[uint64]*peer{}
+	t.mu.Unlock()
+	for _, p := range peers {
+		p.close()
+	}
+}
+
+func (t *GRPCTransport) peer(to uint64) *peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.closed {
+		return nil
+	}
+	p := t.mu.peers[to]
+	if p == nil {
+		p = newPeer(t, to)
+		t.mu.peers[to] = p
+	}
+	return p
+}
+
+// Send implements Transport: messages are queued for the peer's sender.
+func (t *GRPCTransport) Send(to uint64, msgs []GroupMessage) {
+	if p := t.peer(to); p != nil {
+		p.enqueue(msgs)
+	}
+}
+
+// SendSnapshot implements Transport.
+func (t *GRPCTransport) SendSnapshot(ctx context.Context, to uint64, env *SnapshotEnvelope) error {
+	p := t.peer(to)
+	if p == nil {
+		return errors.New("raftgroup: transport closed")
+	}
+	conn, err := p.connect()
+	if err != nil {
+		return err
+	}
+	s, err := conn.NewStream(ctx, &raftServiceDesc.Streams[1], "/"+raftServiceName+"/Snapshot")
+	if err != nil {
+		return err
+	}
+	msg := env.Msg
+	if err := s.SendMsg(&SnapshotChunk{Group: env.Group, Msg: &msg}); err != nil {
+		return err
+	}
+	const chunk = 1 << 20
+	for off := 0; off < len(env.Data); off += chunk {
+		end := min(off+chunk, len(env.Data))
+		if err := s.SendMsg(&SnapshotChunk{Group: env.Group, Data: env.Data[off:end]}); err != nil {
+			return err
+		}
+	}
+	if err := s.CloseSend(); err != nil {
+		return err
+	}
+	var ack Ack
+	if err := s.RecvMsg(&ack); err != nil {
+		return err
+	}
+	if ack.Err != "" {
+		return errors.New(ack.Err)
+	}
+	return nil
+}
+
+// maxQueued bounds the messages queued for one peer; past it messages are
+// dropped (raft retransmits).
+const maxQueued = 10000
+
+// peer is the sender to one node: a queue drained by one goroutine into
+// one gRPC stream, one Send per batch.
+type peer struct {
+	t  *GRPCTransport
+	to uint64
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []GroupMessage // protected by mu
+	closed bool           // protected by mu
+	conn   *grpc.ClientConn
+	addr   string
+	done   chan struct{}
+}
+
+func newPeer(t *GRPCTransport, to uint64) *peer {
+	p := &peer{t: t, to: to, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	go p.run()
+	return p
+}
+
+func (p *peer) enqueue(msgs []GroupMessage) {
+	p.mu.Lock()
+	if len(p.queue)+len(msgs) <= maxQueued {
+		p.queue = append(p.queue, msgs...)
+	}
+	p.cond.Signal()
+	p.mu.Unlock()
+}
+
+func (p *peer) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.cond.Broadcast()
+	conn := p.conn
+	p.mu.Unlock()
+	<-p.done
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+// connect returns the connection to the peer, redialing if its address
+// changed.
+func (p *peer) connect() (*grpc.ClientConn, error) {
+	addr, ok := p.t.resolve(p.to)
+	if !ok {
+		return nil, fmt.Errorf("raftgroup: no address for node %x", p.to)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil && p.addr == addr {
+		return p.conn, nil
+	}
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	conn, err := grpc.NewClient(addr, p.t.dialOpt...)
+	if err != nil {
+		return nil, err
+	}
+	p.conn, p.addr = conn, addr
+	return conn, nil
+}
+
+func (p *peer) run() {
+	defer close(p.done)
+	var stream grpc.ClientStream
+	var cancel context.CancelFunc
+	backoff := 10 * time.Millisecond
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 && !p.closed {
+			p.cond.Wait()
+		}
+		if p.closed {
+			p.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
+			return
+		}
+		batch := p.queue
+		p.queue = nil
+		p.mu.Unlock()
+
+		if stream == nil {
+			conn, err := p.connect()
+			if err == nil {
+				var ctx context.Context
+				ctx, cancel = context.WithCancel(context.Background())
+				stream, err = conn.NewStream(ctx, &raftServiceDesc.Streams[0], "/"+raftServiceName+"/Messages")
+				if err != nil {
+					cancel()
+				}
+			}
+			if err != nil {
+				p.unreachable(batch, err)
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+				continue
+			}
+		}
+		if err := stream.SendMsg(&RaftBatch{From: p.t.self, Msgs: batch}); err != nil {
+			cancel()
+			stream = nil
+			p.unreachable(batch, err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+	}
+}
+
+// unreachable tells raft the peer did not get messages, so it backs off
+// replicating to it.
+func (p *peer) unreachable(batch []GroupMessage, err error) {
+	p.t.log.Debug("peer unreachable", "to", fmt.Sprintf("%x", p.to), "err", err)
+	if p.t.host == nil {
+		return
+	}
+	seen := map[uint64]bool{}
+	for _, m := range batch {
+		if !seen[m.Group] {
+			seen[m.Group] = true
+			p.t.host.ReportUnreachable(m.Group, p.to)
+		}
+	}
+}
