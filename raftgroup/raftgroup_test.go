@@ -2,9 +2,9 @@ package raftgroup
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"log/slog"
-	"encoding/binary"
 	"sync"
 	"testing"
 	"time"
