@@ -1,0 +1,299 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// NodeInfo is what a node publishes about itself.
+type NodeInfo struct {
+	ID         uint64   `json:"id"`
+	Name       string   `json:"name"`
+	PeerAddr   string   `json:"peer"`   // host:port of the internal gRPC service (raft, kvapi)
+	ClientURLs []string `json:"client"` // etcd API URLs
+	Leads      []uint64 `json:"leads"`  // raft groups this node leads
+}
+
+// Config configures Membership.
+type Config struct {
+	Self NodeInfo
+	// BindAddr and BindPort are the gossip listen address (TCP and UDP).
+	BindAddr string
+	BindPort int
+	// AdvertiseAddr is the address peers gossip to (default BindAddr).
+	AdvertiseAddr string
+	// Seeds are gossip addresses of other nodes to join through.
+	Seeds []string
+	// Static are nodes known from configuration (--initial-cluster): used
+	// to reach them before gossip does.
+	Static []NodeInfo
+	// Fast uses memberlist's local-network timings (tests).
+	Fast   bool
+	Logger *slog.Logger
+}
+
+// Membership is a node's gossip membership.
+type Membership struct {
+	cfg Config
+	ml  *memberlist.Memberlist
+	log *slog.Logger
+
+	mu struct {
+		sync.RWMutex
+		self   NodeInfo                // protected by mu
+		nodes  map[uint64]*nodeState   // protected by mu
+		static map[uint64]NodeInfo     // protected by mu
+		leader map[uint64]leaderRecord // group -> leader, protected by mu
+	}
+	stopc chan struct{}
+	wg    sync.WaitGroup
+}
+
+type nodeState struct {
+	info      NodeInfo
+	alive     bool
+	deadSince time.Time
+}
+
+type leaderRecord struct {
+	node uint64
+	at   time.Time
+}
+
+// Start joins the gossip.
+func Start(cfg Config) (*Membership, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m := &Membership{cfg: cfg, log: cfg.Logger.With("component", "cluster"), stopc: make(chan struct{})}
+	m.mu.self = cfg.Self
+	m.mu.nodes = make(map[uint64]*nodeState)
+	m.mu.static = make(map[uint64]NodeInfo)
+	m.mu.leader = make(map[uint64]leaderRecord)
+	for _, n := range cfg.Static {
+		m.mu.static[n.ID] = n
+	}
+	mc := memberlist.DefaultLANConfig()
+	if cfg.Fast {
+		mc = memberlist.DefaultLocalConfig()
+		mc.ProbeInterval = 200 * time.Millisecond
+		mc.GossipInterval = 50 * time.Millisecond
+	}
+	mc.Name = fmt.Sprintf("%x", cfg.Self.ID)
+	mc.BindAddr, mc.BindPort = cfg.BindAddr, cfg.BindPort
+	mc.AdvertiseAddr, mc.AdvertisePort = cfg.AdvertiseAddr, cfg.BindPort
+	if mc.AdvertiseAddr == "" {
+		mc.AdvertiseAddr = cfg.BindAddr
+	}
+	mc.Delegate = delegate{m}
+	mc.Events = events{m}
+	mc.Logger = log.New(slogWriter{m.log}, "", 0)
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+	}
+	m.ml = ml
+	m.wg.Add(1)
+	go m.joinLoop()
+	return m, nil
+}
+
+// joinLoop joins the seeds until at least one answers, then keeps retrying
+// while no other node is known (a node that started first waits for the
+// rest).
+func (m *Membership) joinLoop() {
+	defer m.wg.Done()
+	for {
+		if len(m.cfg.Seeds) > 0 && m.ml.NumMembers() <= 1 {
+			if _, err := m.ml.Join(m.cfg.Seeds); err != nil {
+				m.log.Debug("gossip join failed; retrying", "err", err)
+			}
+		}
+		select {
+		case <-m.stopc:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Stop leaves the gossip.
+func (m *Membership) Stop() {
+	select {
+	case <-m.stopc:
+		return
+	default:
+	}
+	close(m.stopc)
+	m.wg.Wait()
+	_ = m.ml.Leave(500 * time.Millisecond)
+	_ = m.ml.Shutdown()
+}
+
+// SetLeads publishes the groups this node leads.
+func (m *Membership) SetLeads(groups []uint64) {
+	m.mu.Lock()
+	same := fmt.Sprint(m.mu.self.Leads) == fmt.Sprint(groups)
+	m.mu.self.Leads = append([]uint64(nil), groups...)
+	m.mu.Unlock()
+	if !same {
+		_ = m.ml.UpdateNode(time.Second)
+	}
+}
+
+// Resolve returns the internal address of node id.
+func (m *Membership) Resolve(id uint64) (string, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if id == m.mu.self.ID {
+		return m.mu.self.PeerAddr, true
+	}
+	if n := m.mu.nodes[id]; n != nil && n.info.PeerAddr != "" {
+		return n.info.PeerAddr, true
+	}
+	if n, ok := m.mu.static[id]; ok {
+		return n.PeerAddr, true
+	}
+	return "", false
+}
+
+// Alive reports whether node id is alive as far as gossip knows (this
+// node is always alive; a node gossip never saw is not).
+func (m *Membership) Alive(id uint64) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if id == m.mu.self.ID {
+		return true
+	}
+	n := m.mu.nodes[id]
+	return n != nil && n.alive
+}
+
+// DownFor returns how long gossip has considered node id dead (0 if it is
+// alive or was never seen).
+func (m *Membership) DownFor(id uint64) time.Duration {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	n := m.mu.nodes[id]
+	if n == nil || n.alive || n.deadSince.IsZero() {
+		return 0
+	}
+	return time.Since(n.deadSince)
+}
+
+// LeaderHint returns the node that gossip says leads group, if any.
+func (m *Membership) LeaderHint(group uint64) (uint64, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r, ok := m.mu.leader[group]
+	return r.node, ok
+}
+
+// Nodes returns every node gossip knows, this one included, with
+// liveness.
+func (m *Membership) Nodes() []NodeStatus {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := []NodeStatus{{Info: m.mu.self, Alive: true}}
+	for _, n := range m.mu.nodes {
+		if n.info.ID != m.mu.self.ID {
+			out = append(out, NodeStatus{Info: n.info, Alive: n.alive})
+		}
+	}
+	return out
+}
+
+// NodeStatus is a node and whether it is alive.
+type NodeStatus struct {
+	Info  NodeInfo
+	Alive bool
+}
+
+func (m *Membership) update(node *memberlist.Node, alive bool) {
+	var info NodeInfo
+	if err := json.Unmarshal(node.Meta, &info); err != nil || info.ID == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.mu.nodes[info.ID]
+	if n == nil {
+		n = &nodeState{}
+		m.mu.nodes[info.ID] = n
+	}
+	n.info = info
+	if alive != n.alive {
+		if alive {
+			n.deadSince = time.Time{}
+		} else {
+			n.deadSince = time.Now()
+		}
+		n.alive = alive
+		m.log.Info("node liveness changed", "node", fmt.Sprintf("%x", info.ID), "name", info.Name, "alive", alive)
+	}
+	if alive {
+		now := time.Now()
+		for _, g := range info.Leads {
+			if r, ok := m.mu.leader[g]; !ok || r.node == info.ID || now.After(r.at) {
+				m.mu.leader[g] = leaderRecord{node: info.ID, at: now}
+			}
+		}
+	}
+}
+
+type delegate struct{ m *Membership }
+
+func (d delegate) NodeMeta(limit int) []byte {
+	d.m.mu.RLock()
+	self := d.m.mu.self
+	d.m.mu.RUnlock()
+	b, _ := json.Marshal(self)
+	if len(b) > limit {
+		self.Leads = nil // too many groups to gossip; peers learn from errors
+		b, _ = json.Marshal(self)
+	}
+	return b
+}
+func (delegate) NotifyMsg([]byte)                {}
+func (delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (delegate) LocalState(bool) []byte          { return nil }
+func (delegate) MergeRemoteState([]byte, bool)   {}
+
+type events struct{ m *Membership }
+
+func (e events) NotifyJoin(n *memberlist.Node)   { e.m.update(n, true) }
+func (e events) NotifyLeave(n *memberlist.Node)  { e.m.update(n, false) }
+func (e events) NotifyUpdate(n *memberlist.Node) { e.m.update(n, n.State == memberlist.StateAlive) }
+
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Debug(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// GossipAddr returns the gossip address of a node whose peer address is
+// peer: the same host, port + 1.
+func GossipAddr(peer string) (string, error) {
+	host, port, err := net.SplitHostPort(peer)
+	if err != nil {
+		return "", err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+1)), nil
+}
+
+var _ io.Writer = slogWriter{}

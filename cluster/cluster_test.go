@@ -1,0 +1,73 @@
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+)
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestGossipMembershipAndLeaders starts three memberships, checks that each
+// learns the others' addresses and leaderships, and that a stopped node is
+// reported dead.
+func TestGossipMembershipAndLeaders(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var ms []*Membership
+	var seeds []string
+	for i := 1; i <= 3; i++ {
+		port := freePort(t)
+		cfg := Config{
+			Self:     NodeInfo{ID: uint64(i), Name: fmt.Sprint("n", i), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i)},
+			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log,
+		}
+		m, err := Start(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+		seeds = append(seeds, fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	defer func() {
+		for _, m := range ms[:2] {
+			m.Stop()
+		}
+	}()
+	ms[1].SetLeads([]uint64{7, 100})
+	eventually(t, func() bool {
+		for _, m := range ms {
+			for id := uint64(1); id <= 3; id++ {
+				if a, ok := m.Resolve(id); !ok || a != fmt.Sprintf("127.0.0.1:%d", 10000+id) || !m.Alive(id) {
+					return false
+				}
+			}
+			if l, ok := m.LeaderHint(100); !ok || l != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	ms[2].Stop()
+	eventually(t, func() bool { return !ms[0].Alive(3) && ms[0].DownFor(3) > 0 })
+}
+
+func eventually(t *testing.T, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
