@@ -14,7 +14,7 @@ type clusterServer struct {
 }
 
 func (c *clusterServer) MemberList(ctx context.Context, r *pb.MemberListRequest) (*pb.MemberListResponse, error) {
-	resp := &pb.MemberListResponse{Header: &pb.ResponseHeader{Revision: c.s.store.CurrentRevision()}, Members: c.s.cfg.Members()}
+	resp := &pb.MemberListResponse{Header: &pb.ResponseHeader{}, Members: c.s.cfg.Members()}
 	c.s.fill(resp.Header)
 	return resp, nil
 }
@@ -42,7 +42,7 @@ type authServer struct {
 }
 
 func (a *authServer) AuthStatus(ctx context.Context, r *pb.AuthStatusRequest) (*pb.AuthStatusResponse, error) {
-	resp := &pb.AuthStatusResponse{Header: &pb.ResponseHeader{Revision: a.s.store.CurrentRevision()}, Enabled: false}
+	resp := &pb.AuthStatusResponse{Header: &pb.ResponseHeader{}, Enabled: false}
 	a.s.fill(resp.Header)
 	return resp, nil
 }

@@ -34,10 +34,10 @@ func (l *leaseServer) LeaseRevoke(ctx context.Context, r *pb.LeaseRevokeRequest)
 }
 
 func (l *leaseServer) LeaseTimeToLive(ctx context.Context, r *pb.LeaseTimeToLiveRequest) (*pb.LeaseTimeToLiveResponse, error) {
-	resp, err := l.s.store.LeaseTimeToLive(r)
+	resp, err := l.s.store.LeaseTimeToLive(ctx, r)
 	if errors.Is(err, meta.ErrLeaseNotFound) {
 		// etcd answers an unknown lease with TTL -1, not an error.
-		resp, err = &pb.LeaseTimeToLiveResponse{Header: &pb.ResponseHeader{Revision: l.s.store.CurrentRevision()}, ID: r.ID, TTL: -1}, nil
+		resp, err = &pb.LeaseTimeToLiveResponse{Header: &pb.ResponseHeader{}, ID: r.ID, TTL: -1}, nil
 	}
 	if err != nil {
 		return nil, toGRPCError(err)
@@ -64,9 +64,9 @@ func (l *leaseServer) LeaseKeepAlive(stream pb.Lease_LeaseKeepAliveServer) error
 		}
 		// The header is taken before the renewal, as etcd does, so a lease
 		// revoked at revision R never looks renewed at a later revision.
-		resp := &pb.LeaseKeepAliveResponse{ID: req.ID, Header: &pb.ResponseHeader{Revision: l.s.store.CurrentRevision()}}
+		resp := &pb.LeaseKeepAliveResponse{ID: req.ID, Header: &pb.ResponseHeader{}}
 		l.s.fill(resp.Header)
-		ttl, err := l.s.store.LeaseRenew(req.ID)
+		ttl, err := l.s.store.LeaseRenew(stream.Context(), req.ID)
 		if errors.Is(err, meta.ErrLeaseNotFound) {
 			ttl, err = 0, nil
 		}

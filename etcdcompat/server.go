@@ -147,8 +147,20 @@ func (s *Server) fill(h *pb.ResponseHeader) {
 		h.RaftTerm = s.cfg.Term()
 	}
 	if h.Revision == 0 {
-		h.Revision = s.store.CurrentRevision()
+		h.Revision = s.currentRevision(context.Background())
 	}
+}
+
+// currentRevision is the revision for a response header: the current
+// revision confirmed by the TSO's leader (never below an acknowledged
+// write), or, if the TSO cannot answer soon, the highest this node knows.
+func (s *Server) currentRevision(ctx context.Context) int64 {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if rev, err := s.store.FreshRevision(ctx); err == nil {
+		return rev
+	}
+	return s.store.CurrentRevision()
 }
 
 type sizer interface{ Size() int }

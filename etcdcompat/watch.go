@@ -153,12 +153,12 @@ func (sws *watchStream) handle(req *pb.WatchRequest) error {
 			if _, ok := sws.watchers[id]; ok {
 				delete(sws.watchers, id)
 				sws.s.hub.watchers.Dec()
-				return sws.send(&pb.WatchResponse{Header: sws.header(sws.s.store.CurrentRevision()), WatchId: id, Canceled: true})
+				return sws.send(&pb.WatchResponse{Header: sws.header(sws.s.currentRevision(sws.stream.Context())), WatchId: id, Canceled: true})
 			}
 		}
 	case *pb.WatchRequest_ProgressRequest:
 		if uv.ProgressRequest != nil {
-			target := sws.s.store.CurrentRevision()
+			target := sws.s.currentRevision(sws.stream.Context())
 			for _, w := range sws.watchers {
 				if w.start > target {
 					// etcd ignores the request while a watch waits for a
@@ -175,7 +175,7 @@ func (sws *watchStream) handle(req *pb.WatchRequest) error {
 
 // create mirrors etcd's watch creation, including its errors.
 func (sws *watchStream) create(creq *pb.WatchCreateRequest) error {
-	cur := sws.s.store.CurrentRevision()
+	cur := sws.s.currentRevision(sws.stream.Context())
 	if len(creq.Key) == 0 {
 		creq.Key = []byte{0}
 	}

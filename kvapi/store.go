@@ -3,6 +3,7 @@ package kvapi
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,10 +29,14 @@ var (
 
 // CrossPartitionError reports which partitions a txn touched.
 type CrossPartitionError struct {
-	Spans []string
+	Spans   []string
+	message string // set when received from another node
 }
 
 func (e *CrossPartitionError) Error() string {
+	if e.message != "" {
+		return e.message
+	}
 	return fmt.Sprintf("brain: txn spans multiple partitions (%s); a transaction must keep all its keys within one partition (see --initial-split-points)", joinSpans(e.Spans))
 }
 
@@ -48,12 +53,48 @@ func joinSpans(s []string) string {
 	return b.String()
 }
 
-// Store routes requests to this node's partitions.
+// Route is one partition of the keyspace and its replica on this node.
+type Route struct {
+	ID         uint64
+	Start, End []byte
+	// Local is this node's replica, or nil.
+	Local *partition.Partition
+}
+
+// Config configures a Store.
+type Config struct {
+	// Self is this node's ID.
+	Self uint64
+	// Routes cover the keyspace, in any order.
+	Routes []Route
+	// TSO issues revisions; Oracle is this node's TSO replica (it answers
+	// other nodes when it leads).
+	TSO    *tso.Client
+	Oracle *tso.Oracle
+	// Meta is this node's meta replica.
+	Meta *meta.Meta
+	// RPC reaches other nodes (nil for a single node).
+	RPC *Client
+	// LeaderHint returns the node believed to lead a group (0: unknown).
+	LeaderHint func(group uint64) uint64
+	Logger     *slog.Logger
+	// Quota, if set, is consulted before every write; see Store.quota.
+	Quota func(n int) error
+}
+
+// Store routes requests to the partitions (and the TSO and meta group)
+// that serve them, locally or on other nodes.
 type Store struct {
-	parts []*partition.Partition // sorted by start key, covering all keys
-	tso   *tso.Oracle
-	meta  *meta.Meta
-	log   *slog.Logger
+	self       uint64
+	routes     []*Route // sorted by start key, covering all keys
+	byID       map[uint64]*Route
+	tso        *tso.Client
+	oracle     *tso.Oracle
+	meta       *meta.Meta
+	rpc        *Client
+	leaderHint func(uint64) uint64
+	hints      hints
+	log        *slog.Logger
 
 	// quota returns an error if a write of n more bytes would exceed the
 	// backend quota (nil: no quota).
@@ -77,81 +118,118 @@ func (s *Store) noteAcked(rev int64) {
 	}
 }
 
-// Config configures a Store.
-type Config struct {
-	Partitions []*partition.Partition
-	TSO        *tso.Oracle
-	Meta       *meta.Meta
-	Logger     *slog.Logger
-	// Quota, if set, is consulted before every write; see Store.quota.
-	Quota func(n int) error
-}
-
-// NewStore creates a Store. Partitions must cover the keyspace, in order.
+// NewStore creates a Store. Routes must cover the keyspace.
 func NewStore(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	parts := append([]*partition.Partition(nil), cfg.Partitions...)
-	sort.Slice(parts, func(i, j int) bool {
-		a, _ := parts[i].Span()
-		b, _ := parts[j].Span()
-		return bytes.Compare(a, b) < 0
-	})
-	for i, p := range parts {
-		s, e := p.Span()
-		if i == 0 && len(s) != 0 {
-			return nil, fmt.Errorf("kvapi: first partition starts at %q, not at the empty key", s)
+	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
+		leaderHint: cfg.LeaderHint, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
+		byID: make(map[uint64]*Route), stopc: make(chan struct{})}
+	for i := range cfg.Routes {
+		r := cfg.Routes[i]
+		s.routes = append(s.routes, &r)
+		s.byID[r.ID] = &r
+	}
+	sort.Slice(s.routes, func(i, j int) bool { return bytes.Compare(s.routes[i].Start, s.routes[j].Start) < 0 })
+	for i, r := range s.routes {
+		if i == 0 && len(r.Start) != 0 {
+			return nil, fmt.Errorf("kvapi: first partition starts at %q, not at the empty key", r.Start)
 		}
-		if i+1 < len(parts) {
-			ns, _ := parts[i+1].Span()
-			if !bytes.Equal(e, ns) {
-				return nil, fmt.Errorf("kvapi: partitions %d and %d leave a gap or overlap", p.ID(), parts[i+1].ID())
+		if i+1 < len(s.routes) {
+			if !bytes.Equal(r.End, s.routes[i+1].Start) {
+				return nil, fmt.Errorf("kvapi: partitions %d and %d leave a gap or overlap", r.ID, s.routes[i+1].ID)
 			}
-		} else if len(e) != 0 {
-			return nil, fmt.Errorf("kvapi: last partition ends at %q, not at the end of the keyspace", e)
+		} else if len(r.End) != 0 {
+			return nil, fmt.Errorf("kvapi: last partition ends at %q, not at the end of the keyspace", r.End)
 		}
 	}
-	return &Store{parts: parts, tso: cfg.TSO, meta: cfg.Meta, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota, stopc: make(chan struct{})}, nil
+	return s, nil
 }
 
-// Partitions returns the partitions in key order.
-func (s *Store) Partitions() []*partition.Partition { return s.parts }
+// SetTSO replaces the TSO client (a cluster's client reaches the TSO
+// leader through the store itself, so it is set after NewStore).
+func (s *Store) SetTSO(c *tso.Client) { s.tso = c }
 
-// CurrentRevision returns the cluster's current revision.
-func (s *Store) CurrentRevision() int64 { return s.tso.Current() }
+// TSOBackend returns the tso.Backend that reaches the TSO leader through
+// the internal API.
+func (s *Store) TSOBackend() tso.Backend { return tsoBackend{s} }
 
-// CompactRevision returns the cluster's compaction revision.
+type tsoBackend struct{ s *Store }
+
+func (b tsoBackend) Next(ctx context.Context, n int64) (int64, int64, error) {
+	var first, cur int64
+	err := b.s.call(ctx, TSOGroup, OpTSONext, true, nil, func() ([]byte, error) { return ints(n), nil },
+		func(res []byte) error {
+			v, _, err := readInts(res, 2)
+			if err == nil {
+				first, cur = v[0], v[1]
+			}
+			return err
+		})
+	return first, cur, err
+}
+
+func (b tsoBackend) Current(ctx context.Context) (int64, error) {
+	var cur int64
+	err := b.s.call(ctx, TSOGroup, OpTSOCurrent, true, nil, func() ([]byte, error) { return nil, nil },
+		func(res []byte) error {
+			v, _, err := readInts(res, 1)
+			if err == nil {
+				cur = v[0]
+			}
+			return err
+		})
+	return cur, err
+}
+
+// Partitions returns this node's partition replicas in key order.
+func (s *Store) Partitions() []*partition.Partition {
+	var out []*partition.Partition
+	for _, r := range s.routes {
+		if r.Local != nil {
+			out = append(out, r.Local)
+		}
+	}
+	return out
+}
+
+// CurrentRevision returns the highest revision this node knows was
+// issued: a lower bound of the current revision.
+func (s *Store) CurrentRevision() int64 { return s.tso.Known() }
+
+// FreshRevision returns the current revision, never below any write
+// acknowledged before the call (DESIGN invariant 3).
+func (s *Store) FreshRevision(ctx context.Context) (int64, error) {
+	return s.tso.Fresh(ctx)
+}
+
+// CompactRevision returns the compaction revision this node knows.
 func (s *Store) CompactRevision() int64 { return s.meta.CompactRevision() }
 
-// partitionIndex returns the index of the partition owning key.
+// partitionIndex returns the index of the route owning key.
 func (s *Store) partitionIndex(key []byte) int {
-	return sort.Search(len(s.parts), func(i int) bool {
-		st, _ := s.parts[i].Span()
-		return bytes.Compare(st, key) > 0
+	return sort.Search(len(s.routes), func(i int) bool {
+		return bytes.Compare(s.routes[i].Start, key) > 0
 	}) - 1
 }
 
-// partitionFor returns the partition owning key.
-func (s *Store) partitionFor(key []byte) *partition.Partition {
-	return s.parts[s.partitionIndex(key)]
-}
+func (s *Store) routeFor(key []byte) *Route { return s.routes[s.partitionIndex(key)] }
 
-// overlapping returns the partitions overlapping [key, end) in key order
-// (end nil: the single key; empty: unbounded).
-func (s *Store) overlapping(key, end []byte) []*partition.Partition {
+// overlapping returns the routes overlapping [key, end) in key order (end
+// nil: the single key; empty: unbounded).
+func (s *Store) overlapping(key, end []byte) []*Route {
 	i := s.partitionIndex(key)
 	if end == nil {
-		return s.parts[i : i+1]
+		return s.routes[i : i+1]
 	}
 	j := i + 1
-	for ; j < len(s.parts); j++ {
-		st, _ := s.parts[j].Span()
-		if len(end) != 0 && bytes.Compare(st, end) >= 0 {
+	for ; j < len(s.routes); j++ {
+		if len(end) != 0 && bytes.Compare(s.routes[j].Start, end) >= 0 {
 			break
 		}
 	}
-	return s.parts[i:j]
+	return s.routes[i:j]
 }
 
 // mkEnd converts an etcd range end: empty means a single key (nil here),
@@ -166,11 +244,36 @@ func mkEnd(rangeEnd []byte) []byte {
 	return rangeEnd
 }
 
+// compactRevision is the compaction revision for reading routes: the meta
+// group's, or a partition's own if this node learned of it there first.
+func (s *Store) compactRevision(routes []*Route) int64 {
+	c := s.meta.CompactRevision()
+	for _, r := range routes {
+		if r.Local != nil {
+			c = max(c, r.Local.CompactRevision())
+		}
+	}
+	return c
+}
+
 // readRevision picks the revision a read runs at and checks it.
-func (s *Store) readRevision(parts []*partition.Partition, rev int64, serializable bool) (readRev, header int64, err error) {
-	cur := s.tso.Current()
+func (s *Store) readRevision(ctx context.Context, routes []*Route, rev int64, serializable bool) (readRev, header int64, err error) {
+	var cur int64
+	if serializable {
+		cur = s.tso.Known()
+	} else if cur, err = s.tso.Fresh(ctx); err != nil {
+		return 0, 0, err
+	}
 	if rev > cur {
-		return 0, 0, partition.ErrFutureRev
+		if !serializable {
+			return 0, 0, partition.ErrFutureRev
+		}
+		if cur, err = s.tso.Fresh(ctx); err != nil {
+			return 0, 0, err
+		}
+		if rev > cur {
+			return 0, 0, partition.ErrFutureRev
+		}
 	}
 	header = cur
 	readRev = rev
@@ -179,8 +282,10 @@ func (s *Store) readRevision(parts []*partition.Partition, rev int64, serializab
 			// A serializable read does not ask the TSO: it reads what this
 			// node has closed, and at least what it has acknowledged.
 			readRev = cur
-			for _, p := range parts {
-				readRev = min(readRev, p.Closed())
+			for _, r := range routes {
+				if r.Local != nil {
+					readRev = min(readRev, r.Local.Closed())
+				}
 			}
 			readRev = max(readRev, min(s.acked.Load(), cur))
 			header = readRev
@@ -188,7 +293,7 @@ func (s *Store) readRevision(parts []*partition.Partition, rev int64, serializab
 			readRev = cur
 		}
 	}
-	if readRev < s.meta.CompactRevision() {
+	if readRev < s.compactRevision(routes) {
 		return 0, 0, partition.ErrCompacted
 	}
 	return readRev, header, nil
@@ -197,24 +302,24 @@ func (s *Store) readRevision(parts []*partition.Partition, rev int64, serializab
 // Range implements etcd's Range across partitions.
 func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeResponse, error) {
 	end := mkEnd(r.RangeEnd)
-	parts := s.overlapping(r.Key, end)
+	routes := s.overlapping(r.Key, end)
 	if end != nil && len(end) != 0 && bytes.Compare(r.Key, end) >= 0 {
-		parts = nil
+		routes = nil
 	}
-	readRev, header, err := s.readRevision(parts, r.Revision, r.Serializable)
+	readRev, header, err := s.readRevision(ctx, routes, r.Revision, r.Serializable)
 	if err != nil {
 		return nil, err
 	}
 	// Ask every partition to close at once, so their waits overlap.
-	for _, p := range parts {
-		if !p.ReadableAt(readRev) {
-			p.RequestClose(readRev)
+	for _, rt := range routes {
+		if rt.Local != nil && !rt.Local.ReadableAt(readRev) {
+			rt.Local.RequestClose(readRev)
 		}
 	}
 	limit := partition.RangeLimit(r)
 	var kvs []*mvccpb.KeyValue
 	var count int64
-	for _, p := range parts {
+	for _, rt := range routes {
 		// Sorting by value needs the values even when the reply drops them.
 		o := partition.ScanOptions{KeysOnly: r.KeysOnly && r.SortTarget != pb.RangeRequest_VALUE, CountOnly: r.CountOnly}
 		if limit > 0 {
@@ -224,7 +329,7 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 				o.Limit = limit - int64(len(kvs))
 			}
 		}
-		pkvs, n, err := p.Scan(ctx, r.Key, end, readRev, o)
+		pkvs, n, err := s.scan(ctx, rt, r.Key, end, readRev, o)
 		if err != nil {
 			return nil, err
 		}
@@ -232,10 +337,22 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 		count += n
 	}
 	// A compaction may have removed versions while we read.
-	if readRev < s.meta.CompactRevision() {
+	if readRev < s.compactRevision(routes) {
 		return nil, partition.ErrCompacted
 	}
 	return partition.ExecuteRange(r, kvs, count, header), nil
+}
+
+// scan reads a route at rev on the local replica, or on the leader's node.
+func (s *Store) scan(ctx context.Context, rt *Route, key, end []byte, rev int64, o partition.ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
+	if rt.Local != nil {
+		return rt.Local.Scan(ctx, key, end, rev, o)
+	}
+	var resp pb.RangeResponse
+	err := s.call(ctx, rt.ID, OpScan, true, nil, func() ([]byte, error) {
+		return encodeScan(key, end, rev, o), nil
+	}, resp.Unmarshal)
+	return resp.Kvs, resp.Count, err
 }
 
 func (s *Store) checkWrite(size int) error {
@@ -248,39 +365,67 @@ func (s *Store) checkWrite(size int) error {
 	return nil
 }
 
+// onLeader runs a partition write on its leader.
+func (s *Store) onLeader(ctx context.Context, rt *Route, op Op, local func(*partition.Partition) error, args func() ([]byte, error), decode func([]byte) error) error {
+	var localFn func() (bool, error)
+	if rt.Local != nil {
+		localFn = func() (bool, error) {
+			if !rt.Local.IsLeader() {
+				return false, nil
+			}
+			err := local(rt.Local)
+			return !errors.Is(err, partition.ErrNotLeader), err
+		}
+	}
+	return s.call(ctx, rt.ID, op, false, localFn, args, decode)
+}
+
 // Put implements etcd's Put.
 func (s *Store) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, error) {
 	if err := s.checkWrite(r.Size()); err != nil {
 		return nil, err
 	}
-	resp, err := s.partitionFor(r.Key).Put(ctx, r)
-	if err == nil {
-		s.noteAcked(resp.Header.Revision)
+	var resp *pb.PutResponse
+	err := s.onLeader(ctx, s.routeFor(r.Key), OpPut,
+		func(p *partition.Partition) (err error) { resp, err = p.Put(ctx, r); return err },
+		r.Marshal,
+		func(b []byte) error { resp = &pb.PutResponse{}; return resp.Unmarshal(b) })
+	if err != nil {
+		return nil, err
 	}
-	return resp, err
+	s.noteAcked(resp.Header.Revision)
+	return resp, nil
+}
+
+func (s *Store) deleteOn(ctx context.Context, rt *Route, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
+	var resp *pb.DeleteRangeResponse
+	err := s.onLeader(ctx, rt, OpDeleteRange,
+		func(p *partition.Partition) (err error) { resp, err = p.DeleteRange(ctx, r); return err },
+		r.Marshal,
+		func(b []byte) error { resp = &pb.DeleteRangeResponse{}; return resp.Unmarshal(b) })
+	if err != nil {
+		return nil, err
+	}
+	s.noteAcked(resp.Header.Revision)
+	return resp, nil
 }
 
 // DeleteRange implements etcd's DeleteRange; see the package documentation
 // for ranges over several partitions.
 func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
 	end := mkEnd(r.RangeEnd)
-	parts := s.overlapping(r.Key, end)
-	if len(parts) == 1 {
-		resp, err := parts[0].DeleteRange(ctx, r)
-		if err == nil {
-			s.noteAcked(resp.Header.Revision)
-		}
-		return resp, err
+	routes := s.overlapping(r.Key, end)
+	if len(routes) == 1 {
+		return s.deleteOn(ctx, routes[0], r)
 	}
 	out := &pb.DeleteRangeResponse{Header: &pb.ResponseHeader{}}
-	for _, p := range parts {
-		st, en := p.Span()
+	for _, rt := range routes {
 		k, e := r.Key, end
-		if bytes.Compare(k, st) < 0 {
-			k = st
+		if bytes.Compare(k, rt.Start) < 0 {
+			k = rt.Start
 		}
-		if len(en) != 0 && (len(e) == 0 || bytes.Compare(e, en) > 0) {
-			e = en
+		if len(rt.End) != 0 && (len(e) == 0 || bytes.Compare(e, rt.End) > 0) {
+			e = rt.End
 		}
 		if len(e) != 0 && bytes.Compare(k, e) >= 0 {
 			continue
@@ -290,16 +435,17 @@ func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*pb.
 		if len(e) == 0 {
 			sub.RangeEnd = []byte{0}
 		}
-		resp, err := p.DeleteRange(ctx, &sub)
+		resp, err := s.deleteOn(ctx, rt, &sub)
 		if err != nil {
 			return nil, err
 		}
-		s.noteAcked(resp.Header.Revision)
 		out.Deleted += resp.Deleted
 		out.PrevKvs = append(out.PrevKvs, resp.PrevKvs...)
 		out.Header.Revision = max(out.Header.Revision, resp.Header.Revision)
 	}
-	out.Header.Revision = max(out.Header.Revision, s.tso.Current())
+	if cur, err := s.tso.Fresh(ctx); err == nil {
+		out.Header.Revision = max(out.Header.Revision, cur)
+	}
 	return out, nil
 }
 
@@ -325,92 +471,115 @@ func txnSpans(rt *pb.TxnRequest, out [][2][]byte) [][2][]byte {
 	return out
 }
 
-func spanString(p *partition.Partition) string {
-	s, e := p.Span()
-	if len(e) == 0 {
-		return fmt.Sprintf("[%q, end)", s)
+func spanString(r *Route) string {
+	if len(r.End) == 0 {
+		return fmt.Sprintf("[%q, end)", r.Start)
 	}
-	return fmt.Sprintf("[%q, %q)", s, e)
+	return fmt.Sprintf("[%q, %q)", r.Start, r.End)
 }
 
-// txnPartition returns the one partition rt touches.
-func (s *Store) txnPartition(rt *pb.TxnRequest) (*partition.Partition, error) {
-	var only *partition.Partition
+// txnRoute returns the one route rt touches.
+func (s *Store) txnRoute(rt *pb.TxnRequest) (*Route, error) {
+	var only *Route
 	for _, sp := range txnSpans(rt, nil) {
 		if sp[1] != nil && len(sp[1]) != 0 && bytes.Compare(sp[0], sp[1]) >= 0 {
 			continue // an empty range touches nothing
 		}
-		for _, p := range s.overlapping(sp[0], sp[1]) {
+		for _, r := range s.overlapping(sp[0], sp[1]) {
 			if only == nil {
-				only = p
-			} else if p != only {
-				return nil, &CrossPartitionError{Spans: []string{spanString(only), spanString(p)}}
+				only = r
+			} else if r != only {
+				return nil, &CrossPartitionError{Spans: []string{spanString(only), spanString(r)}}
 			}
 		}
 	}
 	if only == nil {
-		only = s.parts[0]
+		only = s.routes[0]
 	}
 	return only, nil
 }
 
 // Txn implements etcd's Txn for txns within one partition.
 func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
-	p, err := s.txnPartition(rt)
+	route, err := s.txnRoute(rt)
 	if err != nil {
 		return nil, err
 	}
 	if partition.IsTxnReadonly(rt) {
-		rev, _, err := s.readRevision([]*partition.Partition{p}, 0, partition.IsTxnSerializable(rt))
+		rev, _, err := s.readRevision(ctx, []*Route{route}, 0, partition.IsTxnSerializable(rt))
 		if err != nil {
 			return nil, err
 		}
-		return p.ReadTxn(ctx, rt, rev)
+		if route.Local != nil {
+			return route.Local.ReadTxn(ctx, rt, rev)
+		}
+		var resp pb.TxnResponse
+		err = s.call(ctx, route.ID, OpReadTxn, true, nil, func() ([]byte, error) {
+			b, err := rt.Marshal()
+			return append(binary.AppendVarint(nil, rev), b...), err
+		}, resp.Unmarshal)
+		return &resp, err
 	}
 	if err := s.checkWrite(rt.Size()); err != nil {
 		return nil, err
 	}
-	resp, err := p.Txn(ctx, rt)
-	if err == nil {
-		s.noteAcked(resp.Header.Revision)
+	var resp *pb.TxnResponse
+	err = s.onLeader(ctx, route, OpTxn,
+		func(p *partition.Partition) (err error) { resp, err = p.Txn(ctx, rt); return err },
+		rt.Marshal,
+		func(b []byte) error { resp = &pb.TxnResponse{}; return resp.Unmarshal(b) })
+	if err != nil {
+		return nil, err
 	}
-	return resp, err
+	s.noteAcked(resp.Header.Revision)
+	return resp, nil
+}
+
+// metaCall runs a meta-leader operation.
+func (s *Store) metaCall(ctx context.Context, op Op, local func() error, args []byte, decode func([]byte) error) error {
+	return s.call(ctx, MetaGroup, op, op == OpMetaReadIndex || op == OpMetaRenew || op == OpMetaTimeToLive,
+		func() (bool, error) {
+			if !s.meta.IsLeader() {
+				return false, nil
+			}
+			err := local()
+			return !errors.Is(err, meta.ErrNotLeader), err
+		},
+		func() ([]byte, error) { return args, nil }, decode)
 }
 
 // Compact implements etcd's Compact.
 func (s *Store) Compact(ctx context.Context, r *pb.CompactionRequest) (*pb.CompactionResponse, error) {
-	if r.Revision > s.tso.Current() {
+	cur, err := s.tso.Fresh(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r.Revision > cur {
 		return nil, partition.ErrFutureRev
 	}
 	if r.Revision <= s.meta.CompactRevision() {
 		return nil, partition.ErrCompacted
 	}
-	// Every write at or below the revision must have applied before any
-	// version below it is collected.
-	for _, p := range s.parts {
-		p.RequestClose(r.Revision)
-	}
-	for _, p := range s.parts {
-		if err := p.WaitClosed(ctx, r.Revision); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.meta.SetCompact(ctx, r.Revision); err != nil {
+	if err := s.metaCall(ctx, OpMetaSetCompact, func() error { return s.meta.SetCompact(ctx, r.Revision) }, ints(r.Revision), nil); err != nil {
 		return nil, err
 	}
-	for _, p := range s.parts {
-		if err := p.Compact(ctx, r.Revision); err != nil {
+	for _, rt := range s.routes {
+		err := s.onLeader(ctx, rt, OpCompact,
+			func(p *partition.Partition) error { return p.Compact(ctx, r.Revision) },
+			func() ([]byte, error) { return ints(r.Revision), nil }, nil)
+		if err != nil {
 			return nil, err
 		}
 	}
 	if r.Physical {
-		for _, p := range s.parts {
+		for _, p := range s.Partitions() {
 			if err := p.WaitCollected(ctx, r.Revision); err != nil {
 				return nil, err
 			}
 		}
 	}
-	return &pb.CompactionResponse{Header: &pb.ResponseHeader{Revision: s.tso.Current()}}, nil
+	cur, _ = s.tso.Fresh(ctx)
+	return &pb.CompactionResponse{Header: &pb.ResponseHeader{Revision: cur}}, nil
 }
 
 // LeaseGrant grants a lease.
@@ -418,32 +587,53 @@ func (s *Store) LeaseGrant(ctx context.Context, r *pb.LeaseGrantRequest) (*pb.Le
 	if err := s.checkWrite(r.Size()); err != nil {
 		return nil, err
 	}
-	id, ttl, err := s.meta.Grant(ctx, r.ID, r.TTL)
+	id, ttl := meta.NewLeaseID(r.ID), r.TTL
+	err := s.metaCall(ctx, OpMetaGrant, func() (err error) { id, ttl, err = s.meta.Grant(ctx, id, ttl); return err }, ints(id, ttl),
+		func(b []byte) error {
+			v, _, err := readInts(b, 2)
+			if err == nil {
+				id, ttl = v[0], v[1]
+			}
+			return err
+		})
 	if err != nil {
 		return nil, err
 	}
-	return &pb.LeaseGrantResponse{Header: &pb.ResponseHeader{Revision: s.tso.Current()}, ID: id, TTL: ttl}, nil
+	cur, _ := s.tso.Fresh(ctx)
+	return &pb.LeaseGrantResponse{Header: &pb.ResponseHeader{Revision: cur}, ID: id, TTL: ttl}, nil
 }
 
 // LeaseRevoke revokes a lease, deleting its keys.
 func (s *Store) LeaseRevoke(ctx context.Context, id int64) (*pb.LeaseRevokeResponse, error) {
-	if err := s.meta.StartRevoke(ctx, id); err != nil {
+	if err := s.metaCall(ctx, OpMetaStartRevoke, func() error { return s.meta.StartRevoke(ctx, id) }, ints(id), nil); err != nil {
 		return nil, err
 	}
 	if err := s.finishRevoke(ctx, id); err != nil {
 		return nil, err
 	}
-	return &pb.LeaseRevokeResponse{Header: &pb.ResponseHeader{Revision: s.tso.Current()}}, nil
+	cur, _ := s.tso.Fresh(ctx)
+	return &pb.LeaseRevokeResponse{Header: &pb.ResponseHeader{Revision: cur}}, nil
 }
 
 func (s *Store) finishRevoke(ctx context.Context, id int64) error {
-	for _, p := range s.parts {
-		if _, err := p.DeleteByLease(ctx, id); err != nil {
+	for _, rt := range s.routes {
+		var rev int64
+		err := s.onLeader(ctx, rt, OpDeleteByLease,
+			func(p *partition.Partition) (err error) { _, rev, err = p.DeleteByLease(ctx, id); return err },
+			func() ([]byte, error) { return ints(id), nil },
+			func(b []byte) error {
+				v, _, err := readInts(b, 1)
+				if err == nil {
+					rev = v[0]
+				}
+				return err
+			})
+		if err != nil {
 			return err
 		}
+		s.noteAcked(rev)
 	}
-	s.noteAcked(s.tso.Current())
-	err := s.meta.FinishRevoke(ctx, id)
+	err := s.metaCall(ctx, OpMetaFinishRevoke, func() error { return s.meta.FinishRevoke(ctx, id) }, ints(id), nil)
 	if errors.Is(err, meta.ErrLeaseNotFound) {
 		return nil // finished concurrently
 	}
@@ -451,18 +641,36 @@ func (s *Store) finishRevoke(ctx context.Context, id int64) error {
 }
 
 // LeaseRenew renews a lease; it returns its TTL.
-func (s *Store) LeaseRenew(id int64) (int64, error) { return s.meta.Renew(id) }
+func (s *Store) LeaseRenew(ctx context.Context, id int64) (int64, error) {
+	var ttl int64
+	err := s.metaCall(ctx, OpMetaRenew, func() (err error) { ttl, err = s.meta.Renew(id); return err }, ints(id),
+		func(b []byte) error {
+			v, _, err := readInts(b, 1)
+			ttl = v[0]
+			return err
+		})
+	return ttl, err
+}
 
 // LeaseTimeToLive describes a lease.
-func (s *Store) LeaseTimeToLive(r *pb.LeaseTimeToLiveRequest) (*pb.LeaseTimeToLiveResponse, error) {
-	remaining, granted, err := s.meta.TimeToLive(r.ID)
+func (s *Store) LeaseTimeToLive(ctx context.Context, r *pb.LeaseTimeToLiveRequest) (*pb.LeaseTimeToLiveResponse, error) {
+	var remaining, granted int64
+	err := s.metaCall(ctx, OpMetaTimeToLive, func() (err error) { remaining, granted, err = s.meta.TimeToLive(r.ID); return err }, ints(r.ID),
+		func(b []byte) error {
+			v, _, err := readInts(b, 2)
+			if err == nil {
+				remaining, granted = v[0], v[1]
+			}
+			return err
+		})
 	if err != nil {
 		return nil, err
 	}
-	resp := &pb.LeaseTimeToLiveResponse{Header: &pb.ResponseHeader{Revision: s.tso.Current()}, ID: r.ID, TTL: remaining, GrantedTTL: granted}
+	cur, _ := s.tso.Fresh(ctx)
+	resp := &pb.LeaseTimeToLiveResponse{Header: &pb.ResponseHeader{Revision: cur}, ID: r.ID, TTL: remaining, GrantedTTL: granted}
 	if r.Keys {
-		for _, p := range s.parts {
-			keys, err := p.LeaseKeys(r.ID)
+		for _, rt := range s.routes {
+			keys, err := s.leaseKeys(ctx, rt, r.ID)
 			if err != nil {
 				return nil, err
 			}
@@ -472,17 +680,57 @@ func (s *Store) LeaseTimeToLive(r *pb.LeaseTimeToLiveRequest) (*pb.LeaseTimeToLi
 	return resp, nil
 }
 
-// LeaseLeases lists leases.
+func (s *Store) leaseKeys(ctx context.Context, rt *Route, id int64) ([][]byte, error) {
+	if rt.Local != nil {
+		return rt.Local.LeaseKeys(id)
+	}
+	var resp pb.RangeResponse
+	err := s.call(ctx, rt.ID, OpLeaseKeys, true, nil, func() ([]byte, error) { return ints(id), nil }, resp.Unmarshal)
+	keys := make([][]byte, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		keys[i] = kv.Key
+	}
+	return keys, err
+}
+
+// LeaseLeases lists leases (from this node's meta replica, as etcd lists
+// its own lessor's).
 func (s *Store) LeaseLeases() *pb.LeaseLeasesResponse {
 	ids := s.meta.Leases()
-	resp := &pb.LeaseLeasesResponse{Header: &pb.ResponseHeader{Revision: s.tso.Current()}, Leases: make([]*pb.LeaseStatus, len(ids))}
+	resp := &pb.LeaseLeasesResponse{Header: &pb.ResponseHeader{Revision: s.tso.Known()}, Leases: make([]*pb.LeaseStatus, len(ids))}
 	for i, id := range ids {
 		resp.Leases[i] = &pb.LeaseStatus{ID: id}
 	}
 	return resp
 }
 
-// StartLeaseExpiry revokes expired leases every interval until Stop.
+// SetAlarm activates or deactivates an alarm.
+func (s *Store) SetAlarm(ctx context.Context, activate bool, member uint64, a pb.AlarmType) error {
+	act := int64(0)
+	if activate {
+		act = 1
+	}
+	return s.metaCall(ctx, OpMetaSetAlarm, func() error { return s.meta.SetAlarm(ctx, activate, member, a) }, ints(act, int64(member), int64(a)), nil)
+}
+
+// MetaReadIndex returns the meta group's commit index, confirmed by its
+// leader.
+func (s *Store) MetaReadIndex(ctx context.Context) (uint64, error) {
+	var idx int64
+	err := s.metaCall(ctx, OpMetaReadIndex, func() error {
+		i, err := s.meta.ReadIndex(ctx)
+		idx = int64(i)
+		return err
+	}, nil, func(b []byte) error {
+		v, _, err := readInts(b, 1)
+		idx = v[0]
+		return err
+	})
+	return uint64(idx), err
+}
+
+// StartLeaseExpiry revokes expired leases every interval until Stop (on
+// the meta leader; elsewhere it finds nothing to do).
 func (s *Store) StartLeaseExpiry(interval time.Duration) {
 	s.wg.Add(1)
 	go func() {
@@ -512,10 +760,8 @@ func (s *Store) StartLeaseExpiry(interval time.Duration) {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
 					err := s.meta.StartRevoke(ctx, id)
-					if err == nil || errors.Is(err, meta.ErrLeaseNotFound) {
-						if err == nil {
-							err = s.finishRevoke(ctx, id)
-						}
+					if err == nil {
+						err = s.finishRevoke(ctx, id)
 					}
 					if err != nil && !errors.Is(err, meta.ErrLeaseNotFound) {
 						s.log.Warn("lease expiry revocation failed; will retry", "lease", id, "err", err)
@@ -538,17 +784,20 @@ func (s *Store) Stop() {
 
 // Events returns the events with revisions in [from, to] (to must be
 // closed on every partition) whose keys are in [key, end), merged across
-// partitions in revision order. It returns at most about maxRevs revisions;
-// next is the first revision not covered.
+// this node's partition replicas in revision order. It returns at most
+// about maxRevs revisions; next is the first revision not covered.
 func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, error) {
-	parts := s.overlapping(key, end)
+	routes := s.overlapping(key, end)
 	if end == nil {
 		end = append(append([]byte(nil), key...), 0)
 	}
 	var all []partition.RevEvents
 	next := to + 1
-	for _, p := range parts {
-		evs, pnext, more, err := p.Events(from, to, key, end, maxRevs)
+	for _, rt := range routes {
+		if rt.Local == nil {
+			return nil, 0, fmt.Errorf("kvapi: no local replica of partition %d to read its events", rt.ID)
+		}
+		evs, pnext, more, err := rt.Local.Events(from, to, key, end, maxRevs)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -558,8 +807,6 @@ func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partitio
 		}
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Rev < all[j].Rev })
-	// Revisions may be shared by several partitions only through a bug;
-	// merge them anyway so each revision is one unit.
 	out := all[:0]
 	for _, e := range all {
 		if e.Rev >= next {
@@ -576,12 +823,97 @@ func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partitio
 
 // PrevValue loads the value of key's version at rev.
 func (s *Store) PrevValue(key []byte, rev int64) ([]byte, error) {
-	return s.partitionFor(key).PrevValue(key, rev)
+	rt := s.routeFor(key)
+	if rt.Local == nil {
+		return nil, ErrNoReplica
+	}
+	return rt.Local.PrevValue(key, rev)
 }
 
-// RequestClose asks every partition overlapping [key, end) to close rev.
+// RequestClose asks every partition to close rev (through its leader).
 func (s *Store) RequestClose(rev int64) {
-	for _, p := range s.parts {
-		p.RequestClose(rev)
+	for _, rt := range s.routes {
+		if rt.Local != nil {
+			rt.Local.RequestClose(rev)
+		}
 	}
+}
+
+// ForwardClose returns the function a follower replica of partition id
+// uses to ask its leader to close a revision: asynchronous, with at most
+// one request in flight per partition.
+func (s *Store) ForwardClose(id uint64) func(rev int64) {
+	var mu sync.Mutex
+	var want, inflight int64
+	var send func()
+	send = func() {
+		mu.Lock()
+		rev := want
+		if rev <= inflight {
+			mu.Unlock()
+			return
+		}
+		inflight = rev
+		mu.Unlock()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = s.call(ctx, id, OpRequestClose, true, nil, func() ([]byte, error) { return ints(rev), nil }, nil)
+			cancel()
+			mu.Lock()
+			inflight = 0
+			more := want > rev
+			mu.Unlock()
+			if more {
+				send()
+			}
+		}()
+	}
+	return func(rev int64) {
+		if s.rpc == nil {
+			return
+		}
+		mu.Lock()
+		if rev > want {
+			want = rev
+		}
+		busy := inflight != 0
+		mu.Unlock()
+		if !busy {
+			send()
+		}
+	}
+}
+
+func encodeScan(key, end []byte, rev int64, o partition.ScanOptions) []byte {
+	var flags int64
+	if o.KeysOnly {
+		flags |= 1
+	}
+	if o.CountOnly {
+		flags |= 2
+	}
+	if end == nil {
+		flags |= 4
+	}
+	b := ints(rev, o.Limit, flags)
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	b = binary.AppendUvarint(b, uint64(len(end)))
+	return append(b, end...)
+}
+
+func decodeScan(b []byte) (key, end []byte, rev int64, o partition.ScanOptions, err error) {
+	v, rest, err := readInts(b, 3)
+	if err != nil {
+		return nil, nil, 0, o, err
+	}
+	rev, o.Limit = v[0], v[1]
+	o.KeysOnly, o.CountOnly = v[2]&1 != 0, v[2]&2 != 0
+	r := reader{b: rest}
+	key = append([]byte(nil), r.chunk()...)
+	end = append([]byte{}, r.chunk()...)
+	if v[2]&4 != 0 {
+		end = nil
+	}
+	return key, end, rev, o, r.err
 }

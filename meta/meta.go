@@ -55,6 +55,10 @@ type Meta struct {
 	group *raftgroup.Group
 	log   *slog.Logger
 
+	// leaderIndex returns the meta group's commit index, confirmed by its
+	// leader (set with SetLeaderIndex; nil: this replica's own ReadIndex).
+	leaderIndex func(ctx context.Context) (uint64, error)
+
 	mu struct {
 		sync.RWMutex
 		leases  map[int64]*lease // protected by mu
@@ -96,6 +100,37 @@ func New(cfg Config, db *pebble.DB, id uint64) (*Meta, error) {
 // Bind attaches the state machine to its raft group.
 func (m *Meta) Bind(g *raftgroup.Group) { m.group = g }
 
+// SetLeaderIndex sets how to learn the meta group's confirmed commit index
+// when this replica does not lead (a call to the leader's node).
+func (m *Meta) SetLeaderIndex(f func(ctx context.Context) (uint64, error)) { m.leaderIndex = f }
+
+// ReadIndex returns the meta group's commit index, confirmed by this
+// replica as leader.
+func (m *Meta) ReadIndex(ctx context.Context) (uint64, error) { return m.group.ReadIndex(ctx) }
+
+// Refresh implements partition.Leases: it waits until this replica has
+// applied every meta change committed before the call.
+func (m *Meta) Refresh(ctx context.Context) error {
+	var idx uint64
+	var err error
+	if m.IsLeader() || m.leaderIndex == nil {
+		idx, err = m.group.ReadIndex(ctx)
+	} else {
+		idx, err = m.leaderIndex(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	for m.group.AppliedIndex() < idx {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // Keys: GroupKey(id, "L"+BE64(lease)) -> ttl, revoking;
 // GroupKey(id, "compact") -> rev; GroupKey(id, "A"+BE64(member)+BE32(alarm)).
 func (m *Meta) leaseKey(id int64) []byte {
@@ -107,7 +142,10 @@ func (m *Meta) alarmKey(k alarmKey) []byte {
 	return binary.BigEndian.AppendUint32(b, uint32(k.alarm))
 }
 
-func (m *Meta) load() error {
+func (m *Meta) load() error { return m.loadLocked() }
+
+// loadLocked reads the state from the DB (mu held, or not yet shared).
+func (m *Meta) loadLocked() error {
 	prefix := engine.GroupKey(m.id, "L")
 	it, err := m.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: engine.PrefixEnd(prefix)})
 	if err != nil {
@@ -271,6 +309,15 @@ func (m *Meta) IsLeader() bool {
 	return m.mu.leader
 }
 
+// NewLeaseID returns id, or a fresh random positive ID if id is 0 (as etcd
+// picks one).
+func NewLeaseID(id int64) int64 {
+	for id == 0 {
+		id = int64(rand.Uint64() & (1<<63 - 1))
+	}
+	return id
+}
+
 // Grant creates a lease. id 0 picks a fresh positive ID. The TTL is raised
 // to MinLeaseTTL. It returns the lease's ID and TTL.
 func (m *Meta) Grant(ctx context.Context, id, ttl int64) (int64, int64, error) {
@@ -280,9 +327,7 @@ func (m *Meta) Grant(ctx context.Context, id, ttl int64) (int64, int64, error) {
 	if ttl < m.cfg.MinLeaseTTL {
 		ttl = m.cfg.MinLeaseTTL
 	}
-	for id == 0 {
-		id = int64(rand.Uint64() & (1<<63 - 1))
-	}
+	id = NewLeaseID(id)
 	if err := m.propose(ctx, cmdGrant, uint64(id), uint64(ttl)); err != nil {
 		return 0, 0, err
 	}
@@ -445,4 +490,43 @@ func WriteRestoredState(b *pebble.Batch, groupID uint64, leases []Lease, compact
 		m.saveLease(b, l.ID, &lease{ttl: l.TTL})
 	}
 	return b.Set(m.compactKey(), engine.PutUint64(nil, uint64(compact)), nil)
+}
+
+func (m *Meta) groupBounds() (lo, hi []byte) {
+	lo = engine.GroupKey(m.id, "")
+	return lo, engine.PrefixEnd(lo)
+}
+
+// WriteSnapshot implements raftgroup.Snapshotter.
+func (m *Meta) WriteSnapshot(r pebble.Reader, emit func(k, v []byte) error) error {
+	lo, hi := m.groupBounds()
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := emit(it.Key(), it.Value()); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// ClearState implements raftgroup.Snapshotter.
+func (m *Meta) ClearState(b *pebble.Batch) error {
+	lo, hi := m.groupBounds()
+	return b.DeleteRange(lo, hi, nil)
+}
+
+// SnapshotApplied implements raftgroup.Snapshotter.
+func (m *Meta) SnapshotApplied() error {
+	m.mu.Lock()
+	m.mu.leases = make(map[int64]*lease)
+	m.mu.alarms = make(map[alarmKey]bool)
+	m.mu.compact = -1
+	m.mu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.loadLocked()
 }

@@ -133,6 +133,11 @@ func (p *Partition) WaitCollected(ctx context.Context, rev int64) error {
 // Compact proposes compaction at rev on this partition (leader only) and
 // waits for it to apply.
 func (p *Partition) Compact(ctx context.Context, rev int64) error {
+	// Every write at or below rev must have applied before any version
+	// below it is collected.
+	if err := p.WaitClosed(ctx, rev); err != nil {
+		return err
+	}
 	p.prop.Lock()
 	ready, term := p.prop.ready, p.prop.term
 	p.prop.Unlock()

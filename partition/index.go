@@ -77,6 +77,19 @@ func (x *keyIndex) ascend(start, end []byte, fn func(key string, m meta) bool) {
 	x.t.AscendRange(indexItem{key: string(start)}, indexItem{key: string(end)}, visit)
 }
 
+// reload replaces the index's content with the index keys of [start, end)
+// in r.
+func (x *keyIndex) reload(r pebble.Reader, start, end []byte) error {
+	fresh := newKeyIndex()
+	if _, err := fresh.load(r, start, end); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	x.t = fresh.t
+	x.mu.Unlock()
+	return nil
+}
+
 // load reads every index key of [start, end) from r.
 func (x *keyIndex) load(r pebble.Reader, start, end []byte) (int, error) {
 	lo, hi := rangeBounds(start, end)

@@ -37,11 +37,12 @@ func (p *Partition) leaseUpper(prefix []byte) []byte {
 }
 
 // DeleteByLease deletes every key of this partition attached to lease id,
-// as one write at one revision, and returns how many it deleted. The lease
+// as one write at one revision, and returns how many it deleted and the
+// revision (0 if none). The lease
 // must already be marked as being revoked (LeaseUsable false), so no new
 // key can attach to it; puts that attached it before hold its latch shared
 // and are waited for.
-func (p *Partition) DeleteByLease(ctx context.Context, id int64) (int, error) {
+func (p *Partition) DeleteByLease(ctx context.Context, id int64) (int, int64, error) {
 	var latched map[string]bool
 	for {
 		spans := []latchSpan{leaseSpan(id, true)}
@@ -50,12 +51,12 @@ func (p *Partition) DeleteByLease(ctx context.Context, id int64) (int, error) {
 		}
 		g, err := p.latches.acquire(ctx, spans)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		keys, err := p.LeaseKeys(id)
 		if err != nil {
 			p.latches.release(g)
-			return 0, err
+			return 0, 0, err
 		}
 		missing := false
 		for _, k := range keys {
@@ -71,30 +72,30 @@ func (p *Partition) DeleteByLease(ctx context.Context, id int64) (int, error) {
 			p.latches.release(g)
 			continue
 		}
-		n, err := p.deleteKeysLatched(ctx, keys)
+		n, rev, err := p.deleteKeysLatched(ctx, keys)
 		p.latches.release(g)
 		if err == errRetry {
 			continue
 		}
-		return n, err
+		return n, rev, err
 	}
 }
 
-func (p *Partition) deleteKeysLatched(ctx context.Context, keys [][]byte) (int, error) {
+func (p *Partition) deleteKeysLatched(ctx context.Context, keys [][]byte) (int, int64, error) {
 	if len(keys) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	if !p.IsLeader() {
-		return 0, ErrNotLeader
+		return 0, 0, ErrNotLeader
 	}
 	w, term, err := p.register()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	rev, err := p.revs.Next(ctx, 1)
 	if err != nil {
 		p.abandon(w)
-		return 0, err
+		return 0, 0, err
 	}
 	muts := make([]mutation, len(keys))
 	for i, k := range keys {
@@ -103,14 +104,14 @@ func (p *Partition) deleteKeysLatched(ctx context.Context, keys [][]byte) (int, 
 	cmd := (&command{kind: cmdWrite, term: term, rev: rev, muts: muts}).encode()
 	res, err := p.proposeWrite(ctx, w, term, rev, cmd)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	switch res.reject {
 	case accepted:
-		return len(keys), nil
+		return len(keys), rev, nil
 	case rejectClosed:
-		return 0, errRetry
+		return 0, 0, errRetry
 	default:
-		return 0, ErrLeaderChanged
+		return 0, 0, ErrLeaderChanged
 	}
 }

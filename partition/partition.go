@@ -31,16 +31,24 @@ var (
 
 // Revisions is the partition's view of the TSO.
 type Revisions interface {
-	// Current returns the highest revision issued so far.
+	// Current returns a revision the TSO has issued, as high as known: a
+	// lower bound of the TSO's current revision.
 	Current() int64
+	// Observe records that rev was issued (so Current is at least rev).
+	Observe(rev int64)
 	// Next issues n consecutive revisions and returns the first.
 	Next(ctx context.Context, n int64) (int64, error)
 }
 
 // Leases tells evaluation whether a lease may be attached to a key.
 type Leases interface {
-	// LeaseUsable reports whether lease id exists and is not being revoked.
+	// LeaseUsable reports whether lease id exists and is not being revoked,
+	// in this node's (possibly stale) view.
 	LeaseUsable(id int64) bool
+	// Refresh brings this node's view up to date with every lease change
+	// made before Refresh was called; a lease not usable locally is checked
+	// again after it.
+	Refresh(ctx context.Context) error
 }
 
 // RevEvents is the events of one revision, in the order of the ops that
@@ -99,7 +107,8 @@ type Config struct {
 	// ID is the raft group ID.
 	ID uint64
 	// Start and End bound the partition's user keys: [Start, End). An empty
-	// End means no upper bound.
+	// End means no upper bound. Both nil: a new replica whose span comes
+	// with its first snapshot.
 	Start, End []byte
 	DB         *pebble.DB
 	Revisions  Revisions
@@ -107,6 +116,9 @@ type Config struct {
 	Feed       Feed
 	Metrics    *Metrics
 	Logger     *slog.Logger
+	// ForwardClose, if set, asks the partition's leader elsewhere to close
+	// rev; a follower calls it when a reader waits for a revision.
+	ForwardClose func(rev int64)
 }
 
 // Partition is one replica of a key range. Files:
@@ -122,17 +134,18 @@ type Config struct {
 // Locking: prop.mu protects the leader's proposal state; it is taken
 // before raftgroup's internal locks and never while waiting.
 type Partition struct {
-	id         uint64
-	start, end []byte
-	db         *pebble.DB
-	revs       Revisions
-	leases     Leases
-	feed       Feed
-	metrics    *Metrics
-	log        *slog.Logger
-	group      *raftgroup.Group
-	latches    *latchManager
-	lagGauge   prometheus.Gauge
+	id           uint64
+	start, end   []byte
+	db           *pebble.DB
+	revs         Revisions
+	leases       Leases
+	feed         Feed
+	metrics      *Metrics
+	log          *slog.Logger
+	group        *raftgroup.Group
+	latches      *latchManager
+	lagGauge     prometheus.Gauge
+	forwardClose func(rev int64)
 
 	// sm is owned by the apply goroutine (raft worker).
 	sm smState
@@ -189,13 +202,16 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p := &Partition{
 		id: cfg.ID, start: cfg.Start, end: cfg.End, db: cfg.DB,
-		revs: cfg.Revisions, leases: cfg.Leases, feed: cfg.Feed, metrics: cfg.Metrics,
+		revs: cfg.Revisions, leases: cfg.Leases, feed: cfg.Feed, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose,
 		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
 		latches: newLatchManager(),
 	}
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
 	p.prop.unapplied = make(map[int64]int)
+	if err := p.loadSpan(cfg.Start != nil || cfg.End != nil); err != nil {
+		return nil, err
+	}
 	if err := p.loadState(); err != nil {
 		return nil, err
 	}
@@ -209,6 +225,9 @@ func New(cfg Config) (*Partition, error) {
 	p.gc.init(p)
 	return p, nil
 }
+
+// SetRevisions replaces the TSO (before Bind).
+func (p *Partition) SetRevisions(r Revisions) { p.revs = r }
 
 // Bind attaches the partition to its raft group and starts background work.
 func (p *Partition) Bind(g *raftgroup.Group) {
@@ -384,13 +403,21 @@ func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 // log (if this replica is the leader; followers learn closes from the
 // log). The watch hub needs closes in the log; readers need only
 // ReadableAt.
+//
+// rev must be a revision the TSO has issued: the caller got it from the
+// TSO, so the leader may close up to it without asking the TSO itself.
 func (p *Partition) RequestClose(rev int64) {
+	p.revs.Observe(rev)
 	p.prop.Lock()
-	defer p.prop.Unlock()
 	if rev > p.prop.demand {
 		p.prop.demand = rev
 	}
+	ready := p.prop.ready
 	p.maybeCloseLocked()
+	p.prop.Unlock()
+	if !ready && p.forwardClose != nil && p.closed.Load() < rev {
+		p.forwardClose(rev)
+	}
 }
 
 // closeCandidateLocked is the highest revision the leader can promise
@@ -499,6 +526,9 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 // Txn evaluates and applies rt, which must only touch this partition's
 // keys. It is called on the leader.
 func (p *Partition) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	if err := p.refreshLeases(ctx, rt); err != nil {
+		return nil, err
+	}
 	spans := txnSpans(rt, nil)
 	for _, s := range spans {
 		if err := p.checkSpan(s); err != nil {
@@ -628,10 +658,39 @@ func txnSpans(rt *pb.TxnRequest, spans []latchSpan) []latchSpan {
 	return spans
 }
 
+// refreshLeases makes sure this node's view of the leases rt's puts attach
+// is current, so a lease granted through another node is found.
+func (p *Partition) refreshLeases(ctx context.Context, rt *pb.TxnRequest) error {
+	var missing bool
+	var walk func(rt *pb.TxnRequest)
+	walk = func(rt *pb.TxnRequest) {
+		for _, ops := range [][]*pb.RequestOp{rt.Success, rt.Failure} {
+			for _, op := range ops {
+				if put := op.GetRequestPut(); put != nil && put.Lease != 0 && !p.leases.LeaseUsable(put.Lease) {
+					missing = true
+				}
+				if t := op.GetRequestTxn(); t != nil {
+					walk(t)
+				}
+			}
+		}
+	}
+	walk(rt)
+	if !missing {
+		return nil
+	}
+	return p.leases.Refresh(ctx)
+}
+
 // Put applies a put as etcd's Put does (the lease is checked first).
 func (p *Partition) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, error) {
 	if r.Lease != 0 && !p.leases.LeaseUsable(r.Lease) {
-		return nil, ErrLeaseNotFound
+		if err := p.leases.Refresh(ctx); err != nil {
+			return nil, err
+		}
+		if !p.leases.LeaseUsable(r.Lease) {
+			return nil, ErrLeaseNotFound
+		}
 	}
 	resp, err := p.Txn(ctx, &pb.TxnRequest{Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: r}}}})
 	if err != nil {

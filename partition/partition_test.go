@@ -30,6 +30,15 @@ func newFakeRevs() *fakeRevs { r := &fakeRevs{}; r.cur.Store(1); return r }
 
 func (r *fakeRevs) Current() int64 { return r.cur.Load() }
 
+func (r *fakeRevs) Observe(rev int64) {
+	for {
+		c := r.cur.Load()
+		if rev <= c || r.cur.CompareAndSwap(c, rev) {
+			return
+		}
+	}
+}
+
 func (r *fakeRevs) Next(ctx context.Context, n int64) (int64, error) {
 	r.mu.Lock()
 	g := r.gate
@@ -47,6 +56,8 @@ func (r *fakeRevs) Next(ctx context.Context, n int64) (int64, error) {
 type allLeases struct{}
 
 func (allLeases) LeaseUsable(int64) bool { return true }
+
+func (allLeases) Refresh(context.Context) error { return nil }
 
 type feedRecorder struct {
 	mu  sync.Mutex

@@ -188,6 +188,9 @@ func decodeEntry(data []byte) (id uint64, cmd []byte, ok bool) {
 // ID returns the group ID.
 func (g *Group) ID() uint64 { return g.id }
 
+// AppliedIndex returns the index applied as of the last round.
+func (g *Group) AppliedIndex() uint64 { return g.Status().Applied }
+
 // SoleVoter reports whether this replica is the group's only voter (so
 // its leadership cannot be lost to another replica).
 func (g *Group) SoleVoter() bool { return g.voters.Load() == 1 }

@@ -118,25 +118,36 @@ func (h *Host) Group(id uint64) *Group {
 // otherwise voters is ignored and the group recovers from its log.
 // A group whose only voter is this node campaigns at once.
 func (h *Host) CreateGroup(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
+	var boot *raftpb.ConfState
+	if voters != nil {
+		boot = &raftpb.ConfState{Voters: voters}
+	}
+	return h.CreateGroupConf(id, boot, sm)
+}
+
+// CreateGroupConf is CreateGroup with an initial configuration that may
+// have learners; nil makes an uninitialized replica (waiting for a
+// snapshot) when there is no persisted state.
+func (h *Host) CreateGroupConf(id uint64, boot *raftpb.ConfState, sm StateMachine) (*Group, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := h.mu.groups[id]; ok {
 		return nil, fmt.Errorf("raftgroup: group %d already exists", id)
 	}
 	delete(h.mu.removed, id)
-	return h.createGroupLocked(id, voters, sm)
+	return h.createGroupLocked(id, boot, sm)
 }
 
-// createGroupLocked creates a group; voters nil with no persisted state
+// createGroupLocked creates a group; boot nil with no persisted state
 // makes an uninitialized replica, which waits for a snapshot.
-func (h *Host) createGroupLocked(id uint64, voters []uint64, sm StateMachine) (*Group, error) {
+func (h *Host) createGroupLocked(id uint64, boot *raftpb.ConfState, sm StateMachine) (*Group, error) {
 	st, err := loadState(h.db, id)
 	if err != nil {
 		return nil, err
 	}
-	if !st.exists && voters != nil {
+	if !st.exists && boot != nil {
 		b := h.db.NewBatch()
-		if err := writeBootstrap(b, id, voters); err != nil {
+		if err := writeBootstrap(b, id, *boot); err != nil {
 			return nil, err
 		}
 		if err := b.Commit(pebble.Sync); err != nil {

@@ -122,9 +122,8 @@ func loadState(db *pebble.DB, group uint64) (*persistedState, error) {
 }
 
 // writeBootstrap writes the initial persisted state of a new group.
-func writeBootstrap(b *pebble.Batch, group uint64, voters []uint64) error {
+func writeBootstrap(b *pebble.Batch, group uint64, cs raftpb.ConfState) error {
 	hs := raftpb.HardState{Term: InitialTerm, Commit: InitialIndex}
-	cs := raftpb.ConfState{Voters: voters}
 	if err := setProto(b, raftKey(group, kindHardState), &hs); err != nil {
 		return err
 	}

@@ -72,6 +72,19 @@ type Config struct {
 	RaftWorkers int
 	// CacheBytes (--cache-bytes) is the storage block cache; default 128 MiB.
 	CacheBytes int64
+	// Replicas (--replicas) is how many replicas each partition, the TSO
+	// and the meta group have (fewer if the cluster has fewer members);
+	// default 3.
+	Replicas int
+	// GossipAddr (--gossip-addr) is the host:port memberlist gossips on;
+	// default: the first peer listen URL's host, its port + 1. Other
+	// members' gossip addresses follow the same rule from their peer URLs.
+	GossipAddr string
+	// LeaderBalanceInterval is how often a node hands leaderships to their
+	// preferred nodes (spreading leaders over the cluster); default 5s.
+	LeaderBalanceInterval time.Duration
+	// FastGossip uses memberlist's local-network timings (tests).
+	FastGossip bool
 
 	// Logger; default: JSON to stderr at LogLevel.
 	Logger *slog.Logger
@@ -142,6 +155,12 @@ func (c *Config) EnsureDefaults() {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.Replicas == 0 {
+		c.Replicas = 3
+	}
+	if c.LeaderBalanceInterval == 0 {
+		c.LeaderBalanceInterval = 5 * time.Second
+	}
 	if c.FS == nil {
 		c.FS = vfs.Default
 	}
@@ -168,9 +187,16 @@ func (c *Config) Validate() error {
 		if _, ok := members[c.Name]; !ok {
 			errs = append(errs, fmt.Errorf("--initial-cluster %q has no member named %q (--name)", c.InitialCluster, c.Name))
 		}
-		if len(members) > 1 {
-			errs = append(errs, fmt.Errorf("--initial-cluster lists %d members; this build runs single-node stores only", len(members)))
+		for name, urls := range members {
+			for _, u := range urls {
+				if _, err := listenAddr(u); err != nil {
+					errs = append(errs, fmt.Errorf("--initial-cluster member %s: %w", name, err))
+				}
+			}
 		}
+	}
+	if c.Replicas < 1 {
+		errs = append(errs, fmt.Errorf("--replicas must be at least 1"))
 	}
 	if c.InitialClusterState == "existing" {
 		errs = append(errs, errors.New("--initial-cluster-state=existing (joining a cluster) is not supported by this build"))

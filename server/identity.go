@@ -12,13 +12,38 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// identity is what a node persists about itself when its store is created.
+// identity is what a node persists about itself and its cluster when its
+// store is created.
 type identity struct {
 	Name        string   `json:"name"`
 	MemberID    uint64   `json:"member_id"`
 	ClusterID   uint64   `json:"cluster_id"`
 	PeerURLs    []string `json:"peer_urls"`
 	SplitPoints []string `json:"split_points"`
+	// Members are the initial members, sorted by ID (this one included).
+	Members []member `json:"members"`
+	// Replicas is the replication factor the groups were created with.
+	Replicas int `json:"replicas"`
+}
+
+type member struct {
+	ID       uint64   `json:"id"`
+	Name     string   `json:"name"`
+	PeerURLs []string `json:"peer_urls"`
+}
+
+// initialMembers computes the members of --initial-cluster, sorted by ID.
+func initialMembers(initialCluster, token string) ([]member, error) {
+	byName, err := parseInitialCluster(initialCluster)
+	if err != nil {
+		return nil, err
+	}
+	var ms []member
+	for name, urls := range byName {
+		ms = append(ms, member{ID: memberID(urls, token), Name: name, PeerURLs: urls})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+	return ms, nil
 }
 
 func identityKey() []byte { return engine.GroupKey(0, "identity") }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/snapshot"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -29,11 +30,11 @@ func (m *maintenance) Defragment(ctx context.Context) error {
 func (m *maintenance) Alarms() []*pb.AlarmMember { return m.s.meta.Alarms() }
 
 func (m *maintenance) SetAlarm(ctx context.Context, activate bool, member uint64, a pb.AlarmType) error {
-	return m.s.meta.SetAlarm(ctx, activate, member, a)
+	return m.s.store.SetAlarm(ctx, activate, member, a)
 }
 
 func (m *maintenance) RaftStatus() (index, term, applied, leader uint64) {
-	st := m.s.host.Group(metaGroupID).Status()
+	st := m.s.host.Group(kvapi.MetaGroup).Status()
 	return st.Commit, st.Term, st.Applied, st.Lead
 }
 

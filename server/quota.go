@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/kvapi"
-	"github.com/brainkv/brain/meta"
 	"github.com/cockroachdb/pebble/v2"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
@@ -19,7 +18,7 @@ import (
 // defragmenting).
 type quota struct {
 	db     *pebble.DB
-	meta   *meta.Meta
+	store  *kvapi.Store // set once the store exists
 	member uint64
 	limit  int64
 	size   atomic.Int64
@@ -27,8 +26,8 @@ type quota struct {
 	wg     sync.WaitGroup
 }
 
-func newQuota(db *pebble.DB, m *meta.Meta, member uint64, limit int64) *quota {
-	q := &quota{db: db, meta: m, member: member, limit: limit, stopc: make(chan struct{})}
+func newQuota(db *pebble.DB, member uint64, limit int64) *quota {
+	q := &quota{db: db, member: member, limit: limit, stopc: make(chan struct{})}
 	q.size.Store(int64(db.Metrics().DiskSpaceUsage()))
 	return q
 }
@@ -65,8 +64,6 @@ func (q *quota) check(n int) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if !q.meta.HasAlarm(pb.AlarmType_NOSPACE) {
-		_ = q.meta.SetAlarm(ctx, true, q.member, pb.AlarmType_NOSPACE)
-	}
+	_ = q.store.SetAlarm(ctx, true, q.member, pb.AlarmType_NOSPACE)
 	return kvapi.ErrNoSpace
 }

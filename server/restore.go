@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/brainkv/brain/engine"
+	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/snapshot"
@@ -64,7 +65,7 @@ func Restore(rc RestoreConfig) (*snapshot.Header, error) {
 	bounds := append([]string{""}, hdr.SplitPoints...)
 	partitionOf := func(key []byte) uint64 {
 		i := sort.Search(len(bounds), func(i int) bool { return bytes.Compare([]byte(bounds[i]), key) > 0 })
-		return uint64(firstPartitionID + i - 1)
+		return uint64(kvapi.FirstPartition + i - 1)
 	}
 	b := db.NewIndexedBatch()
 	loader := &partition.Loader{B: b, PartitionOf: partitionOf}
@@ -91,19 +92,20 @@ func Restore(rc RestoreConfig) (*snapshot.Header, error) {
 	}
 	h := contents.Header
 	for i := range bounds {
-		if err := partition.WriteRestoredState(b, uint64(firstPartitionID+i), h.Revision, h.CompactRevision); err != nil {
+		if err := partition.WriteRestoredState(b, uint64(kvapi.FirstPartition+i), h.Revision, h.CompactRevision); err != nil {
 			return nil, err
 		}
 	}
-	if err := tso.WriteRestoredState(b, tsoGroupID, h.Revision); err != nil {
+	if err := tso.WriteRestoredState(b, kvapi.TSOGroup, h.Revision); err != nil {
 		return nil, err
 	}
-	if err := meta.WriteRestoredState(b, metaGroupID, contents.Leases, h.CompactRevision); err != nil {
+	if err := meta.WriteRestoredState(b, kvapi.MetaGroup, contents.Leases, h.CompactRevision); err != nil {
 		return nil, err
 	}
-	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints}
+	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: 1}
 	id.MemberID = memberID(id.PeerURLs, cfg.InitialClusterToken)
 	id.ClusterID = clusterID([]uint64{id.MemberID})
+	id.Members = []member{{ID: id.MemberID, Name: id.Name, PeerURLs: id.PeerURLs}}
 	if err := saveIdentity(b, id); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/etcdcompat"
+	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
@@ -30,13 +31,6 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Raft group IDs.
-const (
-	tsoGroupID       = 1
-	metaGroupID      = 2
-	firstPartitionID = 100
-)
-
 // Server is one brain node.
 type Server struct {
 	cfg      Config
@@ -45,7 +39,8 @@ type Server struct {
 	db       *pebble.DB
 	id       *identity
 	host     *raftgroup.Host
-	tso      *tso.Oracle
+	oracle   *tso.Oracle
+	tso      *tso.Client
 	meta     *meta.Meta
 	parts    []*partition.Partition
 	store    *kvapi.Store
@@ -54,14 +49,23 @@ type Server struct {
 	grpc     *grpc.Server
 	quota    *quota
 
+	// Cluster plumbing (nil on a single node).
+	membership *membership
+	transport  *raftgroup.GRPCTransport
+	rpc        *kvapi.Client
+	peerGRPC   *grpc.Server
+
 	listeners []net.Listener
 	clientURL []string // the addresses actually bound
+	peerURL   string
 	wg        sync.WaitGroup
+	stopc     chan struct{}
 	stopOnce  sync.Once
 }
 
-// New opens (or creates) the node's store and starts it: when New returns,
-// every raft group has a leader and the node serves.
+// New opens (or creates) the node's store and starts it. A single node
+// waits until its groups have leaders; a cluster member returns at once
+// and serves as soon as a quorum of the cluster is up.
 func New(cfg Config) (*Server, error) {
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -71,7 +75,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = newLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
+	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{})}
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := s.open(); err != nil {
 		s.closeStorage()
@@ -81,8 +85,9 @@ func New(cfg Config) (*Server, error) {
 		s.Stop()
 		return nil, err
 	}
-	s.log.Info("brain node ready", "name", s.id.Name, "member-id", fmt.Sprintf("%x", s.id.MemberID),
-		"client-urls", s.clientURL, "data-dir", cfg.DataDir, "partitions", len(s.parts), "revision", s.store.CurrentRevision())
+	s.log.Info("brain node ready", "name", s.id.Name, "member-id", formatID(s.id.MemberID),
+		"members", len(s.id.Members), "client-urls", s.clientURL, "data-dir", cfg.DataDir,
+		"partitions", len(s.id.SplitPoints)+1, "known-revision", s.tso.Known())
 	return s, nil
 }
 
@@ -91,6 +96,11 @@ func newLogger(level string) *slog.Logger {
 	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))
 	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
+
+func formatID(id uint64) string { return fmt.Sprintf("%x", id) }
+
+// clustered reports whether the node has peers.
+func (s *Server) clustered() bool { return len(s.id.Members) > 1 }
 
 func (s *Server) open() error {
 	cfg := s.cfg
@@ -102,29 +112,20 @@ func (s *Server) open() error {
 		return err
 	}
 	s.db = db
-	if s.id, err = loadIdentity(db); err != nil {
+	if err := s.loadOrCreateIdentity(); err != nil {
 		return err
 	}
-	if s.id == nil {
-		s.id = &identity{
-			Name:        cfg.Name,
-			PeerURLs:    cfg.InitialAdvertisePeerURLs,
-			SplitPoints: append([]string(nil), cfg.InitialSplitPoints...),
-		}
-		s.id.MemberID = memberID(s.id.PeerURLs, cfg.InitialClusterToken)
-		s.id.ClusterID = clusterID([]uint64{s.id.MemberID})
-		b := db.NewBatch()
-		if err := saveIdentity(b, s.id); err != nil {
+	if s.clustered() {
+		if err := s.startMembership(); err != nil {
 			return err
 		}
-		if err := b.Commit(pebble.Sync); err != nil {
-			return err
-		}
-		s.log.Info("created a new store", "data-dir", cfg.DataDir, "split-points", s.id.SplitPoints)
-	} else if strings.Join(s.id.SplitPoints, "\x00") != strings.Join(cfg.InitialSplitPoints, "\x00") {
-		s.log.Warn("--initial-split-points differ from the store's; using the store's", "store", s.id.SplitPoints)
+		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.membership.Resolve, s.log)
+		s.rpc = kvapi.NewClient(s.membership.Resolve)
 	}
-
+	var transport raftgroup.Transport
+	if s.transport != nil {
+		transport = s.transport
+	}
 	s.host, err = raftgroup.NewHost(raftgroup.Config{
 		NodeID:         s.id.MemberID,
 		TickInterval:   cfg.HeartbeatInterval,
@@ -133,75 +134,202 @@ func (s *Server) open() error {
 		Workers:        cfg.RaftWorkers,
 		Logger:         s.log,
 		Registerer:     s.registry,
-	}, db, nil)
+	}, db, transport)
 	if err != nil {
 		return err
 	}
-	voters := []uint64{s.id.MemberID}
-	if s.tso, err = tso.New(tso.Config{WindowSize: cfg.TSOWindow, Logger: s.log, Registerer: s.registry}, db, tsoGroupID); err != nil {
+	if s.transport != nil {
+		s.transport.Bind(s.host)
+	}
+	if s.oracle, err = tso.New(tso.Config{WindowSize: cfg.TSOWindow, Logger: s.log, Registerer: s.registry}, db, kvapi.TSOGroup); err != nil {
 		return err
 	}
 	// etcd's minimum lease TTL: 1.5 election timeouts, rounded up.
 	minTTL := int64((3*cfg.ElectionTimeout/2 + time.Second - 1) / time.Second)
-	if s.meta, err = meta.New(meta.Config{MinLeaseTTL: minTTL, Logger: s.log}, db, metaGroupID); err != nil {
+	if s.meta, err = meta.New(meta.Config{MinLeaseTTL: minTTL, Logger: s.log}, db, kvapi.MetaGroup); err != nil {
 		return err
 	}
+	s.tso = tso.NewClient(s.oracle, nil)
 	s.hub = etcdcompat.NewHub(etcdcompat.HubConfig{Registerer: s.registry}, nil)
 	pm := partition.NewMetrics(s.registry)
+
+	// Partitions and their routes; the store's forwarders are bound below.
+	var routes []kvapi.Route
+	var closeFwd []*forwardCloser
 	bounds := append([]string{""}, s.id.SplitPoints...)
 	for i, start := range bounds {
+		id := uint64(kvapi.FirstPartition + i)
 		var end []byte
 		if i+1 < len(bounds) {
 			end = []byte(bounds[i+1])
 		}
-		p, err := partition.New(partition.Config{
-			ID: uint64(firstPartitionID + i), Start: []byte(start), End: end,
-			DB: db, Revisions: s.tso, Leases: s.meta, Feed: s.hub, Metrics: pm, Logger: s.log,
-		})
-		if err != nil {
-			return err
+		rt := kvapi.Route{ID: id, Start: []byte(start), End: end}
+		if hosts(initialConf(id, s.id.Members, s.id.Replicas), s.id.MemberID) {
+			fc := &forwardCloser{}
+			closeFwd = append(closeFwd, fc)
+			p, err := partition.New(partition.Config{
+				ID: id, Start: []byte(start), End: end,
+				DB: db, Revisions: s.tso, Leases: s.meta, Feed: s.hub, Metrics: pm, Logger: s.log,
+				ForwardClose: fc.forward,
+			})
+			if err != nil {
+				return err
+			}
+			fc.id = id
+			s.parts = append(s.parts, p)
+			s.hub.AddPartition(p.ID(), p.Closed())
+			rt.Local = p
 		}
-		s.parts = append(s.parts, p)
-		s.hub.AddPartition(p.ID(), p.Closed())
+		routes = append(routes, rt)
 	}
-	s.quota = newQuota(db, s.meta, s.id.MemberID, cfg.QuotaBackendBytes)
-	if s.store, err = kvapi.NewStore(kvapi.Config{Partitions: s.parts, TSO: s.tso, Meta: s.meta, Logger: s.log, Quota: s.quota.check}); err != nil {
+	s.quota = newQuota(db, s.id.MemberID, cfg.QuotaBackendBytes)
+	if s.store, err = kvapi.NewStore(kvapi.Config{
+		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
+		RPC: s.rpc, LeaderHint: s.leaderHint, Logger: s.log, Quota: s.quota.check,
+	}); err != nil {
 		return err
+	}
+	s.quota.store = s.store
+	for _, fc := range closeFwd {
+		fc.f = s.store.ForwardClose(fc.id)
+	}
+	if s.clustered() {
+		s.tso = tso.NewClient(s.oracle, s.store.TSOBackend())
+		s.store.SetTSO(s.tso)
+		for _, p := range s.parts {
+			p.SetRevisions(s.tso)
+		}
+		s.meta.SetLeaderIndex(s.store.MetaReadIndex)
 	}
 	s.hub.SetSource(s.store)
 	// Events applied before a restart are in the event logs, not the hub.
-	s.hub.SetHistoryStart(s.tso.Current() + 1)
+	s.hub.SetHistoryStart(s.oracle.End() + 1)
 
-	g, err := s.host.CreateGroup(tsoGroupID, voters, s.tso)
-	if err != nil {
-		return err
-	}
-	s.tso.Bind(g)
-	if g, err = s.host.CreateGroup(metaGroupID, voters, s.meta); err != nil {
-		return err
-	}
-	s.meta.Bind(g)
-	for _, p := range s.parts {
-		g, err := s.host.CreateGroup(p.ID(), voters, p)
+	for _, g := range s.groupIDs() {
+		cs := initialConf(g, s.id.Members, s.id.Replicas)
+		if !hosts(cs, s.id.MemberID) {
+			continue
+		}
+		var sm raftgroup.StateMachine
+		switch g {
+		case kvapi.TSOGroup:
+			sm = s.oracle
+		case kvapi.MetaGroup:
+			sm = s.meta
+		default:
+			sm = s.partitionByID(g)
+		}
+		grp, err := s.host.CreateGroupConf(g, &cs, sm)
 		if err != nil {
 			return err
 		}
-		p.Bind(g)
+		switch g {
+		case kvapi.TSOGroup:
+			s.oracle.Bind(grp)
+		case kvapi.MetaGroup:
+			s.meta.Bind(grp)
+		default:
+			s.partitionByID(g).Bind(grp)
+		}
+		// A fresh cluster elects its preferred leaders first.
+		if s.clustered() && grp.Status().Commit == raftgroup.InitialIndex && preferredLeader(g, s.id.Members) == s.id.MemberID {
+			grp.Campaign()
+		}
+	}
+	if s.clustered() {
+		if err := s.servePeers(); err != nil {
+			return err
+		}
 	}
 	s.host.Start()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.waitLeaders(ctx); err != nil {
-		return err
+	if !s.clustered() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.waitLeaders(ctx); err != nil {
+			return err
+		}
 	}
 	s.store.StartLeaseExpiry(500 * time.Millisecond)
 	s.quota.start()
+	if s.clustered() {
+		s.wg.Add(2)
+		go s.balanceLeaders()
+		go s.publishLeads()
+	}
 	return nil
+}
+
+// forwardCloser defers a partition's ForwardClose to the store, which
+// exists only after the partitions.
+type forwardCloser struct {
+	id uint64
+	f  func(rev int64)
+}
+
+func (fc *forwardCloser) forward(rev int64) {
+	if fc.f != nil {
+		fc.f(rev)
+	}
+}
+
+// groupIDs lists every group of the cluster.
+func (s *Server) groupIDs() []uint64 {
+	ids := []uint64{kvapi.TSOGroup, kvapi.MetaGroup}
+	for i := 0; i <= len(s.id.SplitPoints); i++ {
+		ids = append(ids, uint64(kvapi.FirstPartition+i))
+	}
+	return ids
+}
+
+func (s *Server) partitionByID(id uint64) *partition.Partition {
+	for _, p := range s.parts {
+		if p.ID() == id {
+			return p
+		}
+	}
+	return nil
+}
+
+// leaderHint returns the node believed to lead group: this node's replica
+// knows, or gossip.
+func (s *Server) leaderHint(group uint64) uint64 {
+	if g := s.host.Group(group); g != nil {
+		if st := g.Status(); st.Lead != 0 {
+			return st.Lead
+		}
+	}
+	if s.membership != nil {
+		if l, ok := s.membership.LeaderHint(group); ok {
+			return l
+		}
+	}
+	return 0
+}
+
+// publishLeads gossips the groups this node leads.
+func (s *Server) publishLeads() {
+	defer s.wg.Done()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopc:
+			return
+		case <-t.C:
+		}
+		var leads []uint64
+		for _, id := range s.groupIDs() {
+			if g := s.host.Group(id); g != nil && g.Status().IsLeader {
+				leads = append(leads, id)
+			}
+		}
+		s.membership.SetLeads(leads)
+	}
 }
 
 // waitLeaders waits until every group of the node serves.
 func (s *Server) waitLeaders(ctx context.Context) error {
-	if err := s.tso.WaitReady(ctx); err != nil {
+	if err := s.oracle.WaitReady(ctx); err != nil {
 		return fmt.Errorf("server: TSO has no leader: %w", err)
 	}
 	for {
@@ -228,8 +356,8 @@ func (s *Server) serve() error {
 		ClusterID:              s.id.ClusterID,
 		MemberID:               s.id.MemberID,
 		Members:                s.members,
-		Term:                   func() uint64 { return s.host.Group(metaGroupID).Status().Term },
-		HasLeader:              func() bool { return s.meta.IsLeader() },
+		Term:                   func() uint64 { return s.host.Group(kvapi.MetaGroup).Status().Term },
+		HasLeader:              s.hasLeader,
 		MaxRequestBytes:        s.cfg.MaxRequestBytes,
 		MaxTxnOps:              s.cfg.MaxTxnOps,
 		QuotaBackendBytes:      s.cfg.QuotaBackendBytes,
@@ -298,7 +426,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	reason := ""
 	switch {
-	case !s.meta.IsLeader():
+	case !s.hasLeader():
 		reason = "RAFT NO LEADER"
 	case len(s.meta.Alarms()) > 0:
 		reason = "ALARM " + s.meta.Alarms()[0].Alarm.String()
@@ -317,12 +445,80 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) members() []*pb.Member {
-	return []*pb.Member{{
-		ID:         s.id.MemberID,
-		Name:       s.id.Name,
-		PeerURLs:   s.id.PeerURLs,
-		ClientURLs: s.cfg.AdvertiseClientURLs,
-	}}
+	client := map[uint64][]string{}
+	if s.membership != nil {
+		for _, n := range s.membership.Nodes() {
+			client[n.Info.ID] = n.Info.ClientURLs
+		}
+	}
+	client[s.id.MemberID] = s.cfg.AdvertiseClientURLs
+	var out []*pb.Member
+	for _, m := range s.id.Members {
+		out = append(out, &pb.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: client[m.ID]})
+	}
+	return out
+}
+
+// hasLeader reports whether the node knows a leader of the meta group (the
+// cluster can serve).
+func (s *Server) hasLeader() bool {
+	g := s.host.Group(kvapi.MetaGroup)
+	return g != nil && g.Status().Lead != 0
+}
+
+// servePeers serves the raft transport and the internal API on the peer
+// listen URLs.
+func (s *Server) servePeers() error {
+	s.peerGRPC = grpc.NewServer(grpc.ForceServerCodecV2(rpccodec.New()), grpc.MaxRecvMsgSize(1<<30), grpc.MaxSendMsgSize(1<<30))
+	raftgroup.RegisterService(s.peerGRPC, s.host)
+	kvapi.RegisterInternalService(s.peerGRPC, s.store)
+	for _, u := range s.cfg.ListenPeerURLs {
+		addr, err := listenAddr(u)
+		if err != nil {
+			return err
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("server: listen on %s: %w", u, err)
+		}
+		s.listeners = append(s.listeners, l)
+		if s.peerURL == "" {
+			s.peerURL = "http://" + l.Addr().String()
+		}
+		s.goServe(func() error { return s.peerGRPC.Serve(l) })
+	}
+	return nil
+}
+
+// handOffLeadership transfers the leadership of every group this node
+// leads to another voter, and waits (briefly) until it moved: a planned
+// stop costs the cluster no election timeout.
+func (s *Server) handOffLeadership() {
+	deadline := time.Now().Add(3 * time.Second)
+	for _, id := range s.groupIDs() {
+		g := s.host.Group(id)
+		if g == nil || !g.Status().IsLeader {
+			continue
+		}
+		for _, v := range g.Status().Voters {
+			if v != s.id.MemberID && s.membership.Alive(v) {
+				g.TransferLeadership(v)
+				break
+			}
+		}
+	}
+	for time.Now().Before(deadline) {
+		leading := false
+		for _, id := range s.groupIDs() {
+			if g := s.host.Group(id); g != nil && g.Status().IsLeader && len(g.Status().Voters) > 1 {
+				leading = true
+			}
+		}
+		if !leading {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // ClientURLs returns the URLs the node actually listens on (useful with
@@ -339,6 +535,7 @@ func (s *Server) Store() *kvapi.Store { return s.store }
 // window, so the next start continues the revision sequence without a gap.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
+		close(s.stopc)
 		if s.grpc != nil {
 			done := make(chan struct{})
 			go func() { s.grpc.GracefulStop(); close(done) }()
@@ -348,20 +545,26 @@ func (s *Server) Stop() {
 				s.grpc.Stop()
 			}
 		}
+		if s.store != nil {
+			s.store.Stop()
+		}
+		if s.oracle != nil && s.host != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := s.oracle.Close(ctx); err != nil {
+				s.log.Warn("could not shrink the TSO window; the next leader skips revisions", "err", err)
+			}
+			cancel()
+		}
+		if s.membership != nil && s.host != nil {
+			s.handOffLeadership()
+		}
+		if s.peerGRPC != nil {
+			s.peerGRPC.Stop()
+		}
 		for _, l := range s.listeners {
 			_ = l.Close()
 		}
 		s.wg.Wait()
-		if s.store != nil {
-			s.store.Stop()
-		}
-		if s.tso != nil && s.host != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := s.tso.Close(ctx); err != nil {
-				s.log.Warn("could not shrink the TSO window; the next start skips revisions", "err", err)
-			}
-			cancel()
-		}
 		s.closeStorage()
 		s.log.Info("brain node stopped")
 	})
@@ -377,10 +580,30 @@ func (s *Server) closeStorage() {
 	if s.host != nil {
 		s.host.Stop()
 	}
+	if s.transport != nil {
+		s.transport.Close()
+	}
+	if s.rpc != nil {
+		s.rpc.Close()
+	}
+	if s.membership != nil {
+		s.membership.Stop()
+	}
 	if s.db != nil {
 		if err := s.db.Close(); err != nil {
 			s.log.Warn("closing storage", "err", err)
 		}
 		s.db = nil
 	}
+}
+
+// Leading returns the groups this node leads.
+func (s *Server) Leading() []uint64 {
+	var out []uint64
+	for _, id := range s.groupIDs() {
+		if g := s.host.Group(id); g != nil && g.Status().IsLeader {
+			out = append(out, id)
+		}
+	}
+	return out
 }

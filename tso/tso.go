@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/raftgroup"
@@ -44,6 +45,7 @@ func (c *Config) ensureDefaults() {
 // Oracle is the TSO state machine and, on the leader, the allocator.
 type Oracle struct {
 	cfg     Config
+	db      *pebble.DB
 	groupID uint64
 	group   *raftgroup.Group
 	log     *slog.Logger
@@ -63,6 +65,12 @@ type Oracle struct {
 		changed   chan struct{} // closed when end or leadership changes
 		closed    bool
 	}
+	// conf batches leadership confirmations.
+	conf struct {
+		sync.Mutex
+		waiting  []chan error // protected by conf
+		inflight bool         // protected by conf
+	}
 
 	issued  prometheus.Counter
 	extends prometheus.Counter
@@ -73,7 +81,7 @@ type Oracle struct {
 // Call Bind with the group once it is created.
 func New(cfg Config, db *pebble.DB, groupID uint64) (*Oracle, error) {
 	cfg.ensureDefaults()
-	o := &Oracle{cfg: cfg, groupID: groupID, log: cfg.Logger.With("component", "tso")}
+	o := &Oracle{cfg: cfg, db: db, groupID: groupID, log: cfg.Logger.With("component", "tso")}
 	o.mu.changed = make(chan struct{})
 	end := int64(InitialRevision)
 	v, closer, err := db.Get(o.stateKey())
@@ -86,10 +94,13 @@ func New(cfg Config, db *pebble.DB, groupID uint64) (*Oracle, error) {
 		return nil, fmt.Errorf("tso: load state: %w", err)
 	}
 	o.end.Store(end)
-	o.current.Store(end)
+	// Only a leader knows what it issued; until this replica leads it
+	// claims nothing (a follower's window end may be above revisions the
+	// leader has not issued yet, so it is no safe bound).
+	o.current.Store(0)
 	o.issued = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_tso_revisions_issued_total", Help: "Revisions issued by this node's TSO leader."})
 	o.extends = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_tso_window_extensions_total", Help: "TSO window extensions written through raft."})
-	o.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brain_tso_batch_size", Help: "Revisions handed out per TSO request.", Buckets: prometheus.ExponentialBuckets(1, 2, 10)})
+	o.batch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brain_tso_confirm_batch_size", Help: "TSO requests sharing one leadership confirmation (a ReadIndex round).", Buckets: prometheus.ExponentialBuckets(1, 2, 10)})
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(o.issued, o.extends, o.batch)
 	}
@@ -101,14 +112,90 @@ func (o *Oracle) Bind(g *raftgroup.Group) { o.group = g }
 
 func (o *Oracle) stateKey() []byte { return engine.GroupKey(o.groupID, "tso") }
 
-// Current returns the highest revision issued so far. Every revision a
-// write has been acknowledged with is <= Current().
+// End returns the applied window end: no revision above it was issued.
+func (o *Oracle) End() int64 { return o.end.Load() }
+
+// Current returns the highest revision this replica issued as leader (0 if
+// it never led). On the serving leader, every revision a write has been
+// acknowledged with is <= Current(); elsewhere use a Client.
 func (o *Oracle) Current() int64 { return o.current.Load() }
 
-// Next issues n consecutive revisions and returns the first.
+// Serving reports whether this replica is the leader issuing revisions.
+func (o *Oracle) Serving() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.leader && !o.mu.closed
+}
+
+// ConfirmedCurrent returns Current after confirming, with a quorum, that
+// this replica still leads: no other leader can have issued revisions it
+// does not know of.
+func (o *Oracle) ConfirmedCurrent(ctx context.Context) (int64, error) {
+	if err := o.confirm(ctx); err != nil {
+		return 0, err
+	}
+	if !o.Serving() {
+		return 0, ErrNotLeader
+	}
+	return o.current.Load(), nil
+}
+
+// confirm establishes that this replica was the group's leader at some
+// moment after confirm was called (a ReadIndex round, shared by all the
+// callers that arrived before it started). A sole voter needs none.
+func (o *Oracle) confirm(ctx context.Context) error {
+	if o.group.SoleVoter() {
+		return nil
+	}
+	ch := make(chan error, 1)
+	o.conf.Lock()
+	o.conf.waiting = append(o.conf.waiting, ch)
+	if !o.conf.inflight {
+		o.conf.inflight = true
+		go o.confirmRounds()
+	}
+	o.conf.Unlock()
+	select {
+	case err := <-ch:
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (o *Oracle) confirmRounds() {
+	for {
+		o.conf.Lock()
+		batch := o.conf.waiting
+		o.conf.waiting = nil
+		if len(batch) == 0 {
+			o.conf.inflight = false
+			o.conf.Unlock()
+			return
+		}
+		o.conf.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := o.group.ReadIndex(ctx)
+		cancel()
+		o.batch.Observe(float64(len(batch)))
+		for _, ch := range batch {
+			ch <- err
+		}
+	}
+}
+
+// Next issues n consecutive revisions and returns the first. A leader
+// confirms it still leads (after the call began) before issuing, so a
+// deposed leader that does not know it issues nothing.
 func (o *Oracle) Next(ctx context.Context, n int64) (int64, error) {
 	if n <= 0 {
 		return 0, fmt.Errorf("tso: Next(%d): n must be positive", n)
+	}
+	if err := o.confirm(ctx); err != nil {
+		return 0, err
 	}
 	o.mu.Lock()
 	for {
@@ -127,7 +214,6 @@ func (o *Oracle) Next(ctx context.Context, n int64) (int64, error) {
 			}
 			o.mu.Unlock()
 			o.issued.Add(float64(n))
-			o.batch.Observe(float64(n))
 			return first, nil
 		}
 		o.extendLocked(max(end, o.mu.next+n-1))
@@ -267,4 +353,36 @@ func (o *Oracle) WaitReady(ctx context.Context) error {
 // at revision rev: the next revision issued is rev+1.
 func WriteRestoredState(b *pebble.Batch, groupID uint64, rev int64) error {
 	return b.Set(engine.GroupKey(groupID, "tso"), engine.PutUint64(nil, uint64(rev)), nil)
+}
+
+// WriteSnapshot implements raftgroup.Snapshotter.
+func (o *Oracle) WriteSnapshot(r pebble.Reader, emit func(k, v []byte) error) error {
+	v, closer, err := r.Get(o.stateKey())
+	if err == pebble.ErrNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	return emit(o.stateKey(), v)
+}
+
+// ClearState implements raftgroup.Snapshotter.
+func (o *Oracle) ClearState(b *pebble.Batch) error { return b.Delete(o.stateKey(), nil) }
+
+// SnapshotApplied implements raftgroup.Snapshotter.
+func (o *Oracle) SnapshotApplied() error {
+	end := int64(InitialRevision)
+	v, closer, err := o.db.Get(o.stateKey())
+	switch err {
+	case nil:
+		end = int64(binary.BigEndian.Uint64(v))
+		closer.Close()
+	case pebble.ErrNotFound:
+	default:
+		return err
+	}
+	o.end.Store(end)
+	return nil
 }

@@ -70,6 +70,28 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// FreePortPair returns a loopback port p such that p and p+1 are free (a
+// node's peer port and, by convention, its gossip port).
+func FreePortPair(t testing.TB) int {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		p := FreePort(t)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return p
+	}
+	t.Fatal("no free port pair")
+	return 0
+}
+
 // StartEtcd starts an in-process etcd 3.6 (the reference) on free loopback
 // ports, stopped when the test ends. It returns its client endpoint.
 func StartEtcd(t testing.TB) string {

@@ -1,0 +1,199 @@
+package kvapi
+
+import (
+	"context"
+
+	"github.com/brainkv/brain/partition"
+	"github.com/brainkv/brain/tso"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// HandleCall implements Handler: it executes another node's call on this
+// node's replicas, answering NotLeader where a leader is needed and this
+// replica is not it.
+func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
+	switch req.Group {
+	case TSOGroup:
+		return s.handleTSO(ctx, req)
+	case MetaGroup:
+		return s.handleMeta(ctx, req)
+	}
+	rt := s.byID[req.Group]
+	if rt == nil || rt.Local == nil {
+		return nil, ErrNoReplica
+	}
+	p := rt.Local
+	switch req.Op {
+	case OpTxn, OpPut, OpDeleteRange, OpDeleteByLease, OpCompact:
+		if !p.IsLeader() {
+			return nil, partition.ErrNotLeader
+		}
+	}
+	switch req.Op {
+	case OpTxn:
+		var r pb.TxnRequest
+		if err := r.Unmarshal(req.Args); err != nil {
+			return nil, err
+		}
+		resp, err := p.Txn(ctx, &r)
+		return marshal(resp, err)
+	case OpPut:
+		var r pb.PutRequest
+		if err := r.Unmarshal(req.Args); err != nil {
+			return nil, err
+		}
+		resp, err := p.Put(ctx, &r)
+		return marshal(resp, err)
+	case OpDeleteRange:
+		var r pb.DeleteRangeRequest
+		if err := r.Unmarshal(req.Args); err != nil {
+			return nil, err
+		}
+		resp, err := p.DeleteRange(ctx, &r)
+		return marshal(resp, err)
+	case OpDeleteByLease:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		_, rev, err := p.DeleteByLease(ctx, v[0])
+		return ints(rev), err
+	case OpCompact:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		return nil, p.Compact(ctx, v[0])
+	case OpRequestClose:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		if !p.IsLeader() {
+			return nil, partition.ErrNotLeader
+		}
+		p.RequestClose(v[0])
+		return nil, nil
+	case OpReadTxn:
+		v, rest, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		var r pb.TxnRequest
+		if err := r.Unmarshal(rest); err != nil {
+			return nil, err
+		}
+		resp, err := p.ReadTxn(ctx, &r, v[0])
+		return marshal(resp, err)
+	case OpScan:
+		key, end, rev, o, err := decodeScan(req.Args)
+		if err != nil {
+			return nil, err
+		}
+		kvs, n, err := p.Scan(ctx, key, end, rev, o)
+		if err != nil {
+			return nil, err
+		}
+		return (&pb.RangeResponse{Kvs: kvs, Count: n}).Marshal()
+	case OpLeaseKeys:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		keys, err := p.LeaseKeys(v[0])
+		if err != nil {
+			return nil, err
+		}
+		resp := &pb.RangeResponse{}
+		for _, k := range keys {
+			resp.Kvs = append(resp.Kvs, &mvccpb.KeyValue{Key: k})
+		}
+		return resp.Marshal()
+	}
+	return nil, errCorruptCall
+}
+
+func (s *Store) handleTSO(ctx context.Context, req *CallRequest) ([]byte, error) {
+	if s.oracle == nil || !s.oracle.Serving() {
+		return nil, tso.ErrNotLeader
+	}
+	switch req.Op {
+	case OpTSONext:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		first, err := s.oracle.Next(ctx, v[0])
+		if err != nil {
+			return nil, err
+		}
+		return ints(first, s.oracle.Current()), nil
+	case OpTSOCurrent:
+		cur, err := s.oracle.ConfirmedCurrent(ctx)
+		return ints(cur), err
+	}
+	return nil, errCorruptCall
+}
+
+func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error) {
+	m := s.meta
+	if !m.IsLeader() {
+		return nil, partition.ErrNotLeader
+	}
+	switch req.Op {
+	case OpMetaGrant:
+		v, _, err := readInts(req.Args, 2)
+		if err != nil {
+			return nil, err
+		}
+		id, ttl, err := m.Grant(ctx, v[0], v[1])
+		return ints(id, ttl), err
+	case OpMetaStartRevoke, OpMetaFinishRevoke, OpMetaRenew, OpMetaTimeToLive, OpMetaSetCompact:
+		v, _, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		switch req.Op {
+		case OpMetaStartRevoke:
+			return nil, m.StartRevoke(ctx, v[0])
+		case OpMetaFinishRevoke:
+			return nil, m.FinishRevoke(ctx, v[0])
+		case OpMetaRenew:
+			ttl, err := m.Renew(v[0])
+			return ints(ttl), err
+		case OpMetaTimeToLive:
+			rem, granted, err := m.TimeToLive(v[0])
+			return ints(rem, granted), err
+		default:
+			return nil, m.SetCompact(ctx, v[0])
+		}
+	case OpMetaSetAlarm:
+		v, _, err := readInts(req.Args, 3)
+		if err != nil {
+			return nil, err
+		}
+		return nil, m.SetAlarm(ctx, v[0] == 1, uint64(v[1]), pb.AlarmType(v[2]))
+	case OpMetaReadIndex:
+		idx, err := m.ReadIndex(ctx)
+		return ints(int64(idx)), err
+	}
+	return nil, errCorruptCall
+}
+
+// LeaderOf implements Handler.
+func (s *Store) LeaderOf(group uint64) uint64 {
+	if s.leaderHint == nil {
+		return 0
+	}
+	return s.leaderHint(group)
+}
+
+type marshaler interface{ Marshal() ([]byte, error) }
+
+func marshal(m marshaler, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	return m.Marshal()
+}

@@ -1,0 +1,139 @@
+package kvapi
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/brainkv/brain/partition"
+)
+
+// Raft group IDs.
+const (
+	// TSOGroup is the revision oracle's group.
+	TSOGroup = 1
+	// MetaGroup is the meta group's.
+	MetaGroup = 2
+	// FirstPartition is the first partition's; partition i is FirstPartition+i.
+	FirstPartition = 100
+)
+
+// requestTimeout bounds how long a request waits for a group to have a
+// reachable leader (an election takes about a second).
+const requestTimeout = 7 * time.Second
+
+// ErrNoLeader: no leader could be reached in time.
+var ErrNoLeader = errors.New("kvapi: no leader reachable")
+
+// hints remembers the leaders other nodes named in NotLeader answers.
+type hints struct {
+	mu sync.Mutex
+	m  map[uint64]uint64 // group -> node; protected by mu
+}
+
+func (h *hints) get(group uint64) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.m[group]
+}
+
+func (h *hints) set(group, node uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[uint64]uint64)
+	}
+	if node == 0 {
+		delete(h.m, group)
+	} else {
+		h.m[group] = node
+	}
+}
+
+// leaderOf returns the node to send group's leader-only requests to.
+func (s *Store) leaderOf(group uint64) uint64 {
+	if l := s.hints.get(group); l != 0 {
+		return l
+	}
+	if s.leaderHint != nil {
+		return s.leaderHint(group)
+	}
+	return 0
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// call runs a leader-only operation on group: locally when local (may be
+// nil) reports it can serve, otherwise on the leader's node. Only answers
+// that prove the request was not executed (NotLeader, or a node that could
+// not be reached when idempotent is set) are retried.
+func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, local func() (bool, error), args func() ([]byte, error), decode func([]byte) error) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	var enc []byte
+	for {
+		if local != nil {
+			served, err := local()
+			if served {
+				return err
+			}
+		}
+		leader := s.leaderOf(group)
+		if s.rpc == nil || leader == 0 || leader == s.self {
+			if err := sleep(ctx, retryBackoff); err != nil {
+				return ErrNoLeader
+			}
+			s.hints.set(group, 0)
+			continue
+		}
+		if enc == nil {
+			var err error
+			if enc, err = args(); err != nil {
+				return err
+			}
+		}
+		res, err := s.rpc.Call(ctx, leader, &CallRequest{Op: op, Group: group, Args: enc})
+		var nl *NotLeaderError
+		var un *unavailableError
+		switch {
+		case errors.As(err, &nl):
+			if nl.Leader == leader {
+				nl.Leader = 0
+			}
+			s.hints.set(group, nl.Leader)
+			if nl.Leader == 0 {
+				if err := sleep(ctx, retryBackoff); err != nil {
+					return ErrNoLeader
+				}
+			}
+			continue
+		case errors.As(err, &un):
+			s.hints.set(group, 0)
+			if ctx.Err() != nil {
+				return ErrNoLeader
+			}
+			if !idempotent {
+				// It may have executed before the connection broke.
+				return partition.ErrLeaderChanged
+			}
+			if err := sleep(ctx, retryBackoff); err != nil {
+				return ErrNoLeader
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		if decode != nil {
+			return decode(res)
+		}
+		return nil
+	}
+}

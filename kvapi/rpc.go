@@ -1,0 +1,376 @@
+package kvapi
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/brainkv/brain/internal/rpccodec"
+	"github.com/brainkv/brain/meta"
+	"github.com/brainkv/brain/partition"
+	"github.com/brainkv/brain/raftgroup"
+	"github.com/brainkv/brain/tso"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// The internal API between nodes is one unary gRPC method, Call: an
+// operation on a raft group (a partition, the TSO or the meta group)
+// executed by the node that can serve it - usually the group's leader. A
+// node that cannot answers NotLeader with the leader it knows, and the
+// caller retries there. Arguments and results are etcd protobuf messages
+// or small binary records; errors travel as codes that map back to the
+// packages' sentinel errors, so etcdcompat's error table applies to
+// forwarded requests unchanged.
+
+// Op is an internal operation.
+type Op uint8
+
+// Operations.
+const (
+	OpTxn Op = iota + 1
+	OpPut
+	OpDeleteRange
+	OpReadTxn       // rev + TxnRequest, on any replica
+	OpScan          // scan at a revision, on any replica
+	OpRequestClose  // rev
+	OpDeleteByLease // lease
+	OpCompact       // rev
+	OpLeaseKeys     // lease
+	OpPrevValue     // rev + key
+	OpTSONext       // n -> first, current
+	OpTSOCurrent    // -> current (leadership confirmed)
+	OpMetaGrant     // id, ttl -> id, ttl
+	OpMetaStartRevoke
+	OpMetaFinishRevoke
+	OpMetaRenew // id -> ttl
+	OpMetaTimeToLive
+	OpMetaSetCompact
+	OpMetaSetAlarm
+	OpMetaReadIndex // -> commit index of the meta group
+)
+
+// CallRequest is an internal call.
+type CallRequest struct {
+	Op    Op
+	Group uint64
+	Args  []byte
+}
+
+// BrainMessage marks an internal message (rpccodec).
+func (*CallRequest) BrainMessage() {}
+
+// Marshal encodes the request.
+func (r *CallRequest) Marshal() ([]byte, error) {
+	b := []byte{byte(r.Op)}
+	b = binary.AppendUvarint(b, r.Group)
+	return append(b, r.Args...), nil
+}
+
+// Unmarshal decodes the request.
+func (r *CallRequest) Unmarshal(b []byte) error {
+	if len(b) < 2 {
+		return errCorruptCall
+	}
+	r.Op = Op(b[0])
+	g, n := binary.Uvarint(b[1:])
+	if n <= 0 {
+		return errCorruptCall
+	}
+	r.Group, r.Args = g, append([]byte(nil), b[1+n:]...)
+	return nil
+}
+
+// CallResponse is its answer: a result, or an error code and message
+// (with the leader the answering node knows, for NotLeader).
+type CallResponse struct {
+	Result []byte
+	Code   errCode
+	Msg    string
+	Leader uint64
+}
+
+// BrainMessage marks an internal message.
+func (*CallResponse) BrainMessage() {}
+
+// Marshal encodes the response.
+func (r *CallResponse) Marshal() ([]byte, error) {
+	b := []byte{byte(r.Code)}
+	b = binary.AppendUvarint(b, r.Leader)
+	b = binary.AppendUvarint(b, uint64(len(r.Msg)))
+	b = append(b, r.Msg...)
+	return append(b, r.Result...), nil
+}
+
+// Unmarshal decodes the response.
+func (r *CallResponse) Unmarshal(b []byte) error {
+	d := reader{b: b}
+	code := d.byte()
+	r.Leader = d.uvarint()
+	r.Msg = string(d.chunk())
+	if d.err != nil {
+		return d.err
+	}
+	r.Code, r.Result = errCode(code), append([]byte(nil), d.b...)
+	return nil
+}
+
+var errCorruptCall = errors.New("kvapi: corrupt internal call")
+
+// ErrNoReplica: the node does not host the group asked about.
+var ErrNoReplica = errors.New("kvapi: no replica of the group here")
+
+// NotLeaderError is a NotLeader answer with the leader the node knows (0
+// if none).
+type NotLeaderError struct{ Leader uint64 }
+
+func (e *NotLeaderError) Error() string {
+	return fmt.Sprintf("kvapi: not leader (leader %x)", e.Leader)
+}
+
+type errCode uint8
+
+// Error codes, one per sentinel error callers match.
+var errCodes = []error{
+	nil,
+	partition.ErrNotLeader, // 1: rewritten as NotLeaderError on the way back
+	partition.ErrLeaderChanged,
+	partition.ErrCompacted,
+	partition.ErrFutureRev,
+	partition.ErrKeyNotFound,
+	partition.ErrLeaseNotFound,
+	meta.ErrLeaseNotFound,
+	meta.ErrLeaseExists,
+	meta.ErrLeaseTTLTooLarge,
+	ErrNoSpace,
+	ErrNoReplica,
+	context.DeadlineExceeded,
+	context.Canceled,
+}
+
+const (
+	codeNotLeader errCode = 1
+	codeCross     errCode = 200
+	codeOther     errCode = 255
+)
+
+func toCode(err error) (errCode, string) {
+	var cross *CrossPartitionError
+	if errors.As(err, &cross) {
+		return codeCross, cross.Error()
+	}
+	for _, notLeader := range []error{partition.ErrNotLeader, raftgroup.ErrNotLeader, tso.ErrNotLeader, meta.ErrNotLeader} {
+		if errors.Is(err, notLeader) {
+			return codeNotLeader, err.Error()
+		}
+	}
+	if errors.Is(err, raftgroup.ErrLeaderChanged) || errors.Is(err, meta.ErrStaleTerm) {
+		return 2, err.Error()
+	}
+	for i, e := range errCodes {
+		if e != nil && errors.Is(err, e) {
+			return errCode(i), err.Error()
+		}
+	}
+	return codeOther, err.Error()
+}
+
+func fromCode(r *CallResponse) error {
+	switch {
+	case r.Code == 0:
+		return nil
+	case r.Code == codeNotLeader:
+		return &NotLeaderError{Leader: r.Leader}
+	case r.Code == codeCross:
+		return &CrossPartitionError{message: r.Msg}
+	case int(r.Code) < len(errCodes):
+		return errCodes[r.Code]
+	}
+	return errors.New(r.Msg)
+}
+
+const internalServiceName = "brain.Internal"
+
+// Handler executes calls on this node's replicas.
+type Handler interface {
+	HandleCall(ctx context.Context, req *CallRequest) ([]byte, error)
+	// LeaderOf returns the leader this node knows for group (0: none).
+	LeaderOf(group uint64) uint64
+}
+
+var internalServiceDesc = grpc.ServiceDesc{
+	ServiceName: internalServiceName,
+	HandlerType: (*Handler)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Call",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			var req CallRequest
+			if err := dec(&req); err != nil {
+				return nil, err
+			}
+			h := srv.(Handler)
+			res, err := h.HandleCall(ctx, &req)
+			resp := &CallResponse{Result: res}
+			if err != nil {
+				resp.Code, resp.Msg = toCode(err)
+				if resp.Code == codeNotLeader {
+					resp.Leader = h.LeaderOf(req.Group)
+				}
+			}
+			return resp, nil
+		},
+	}},
+	Metadata: "brain/internal",
+}
+
+// RegisterInternalService serves h on s.
+func RegisterInternalService(s *grpc.Server, h Handler) {
+	s.RegisterService(&internalServiceDesc, h)
+}
+
+// Client calls other nodes' internal service.
+type Client struct {
+	resolve func(node uint64) (string, bool)
+	mu      sync.Mutex
+	conns   map[string]*grpc.ClientConn // by address; protected by mu
+	closed  bool
+}
+
+// NewClient returns a client that finds nodes with resolve.
+func NewClient(resolve func(node uint64) (string, bool)) *Client {
+	return &Client{resolve: resolve, conns: make(map[string]*grpc.ClientConn)}
+}
+
+// Close closes every connection.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+}
+
+func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
+	addr, ok := c.resolve(node)
+	if !ok {
+		return nil, fmt.Errorf("kvapi: no address for node %x", node)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("kvapi: client closed")
+	}
+	if conn := c.conns[addr]; conn != nil {
+		return conn, nil
+	}
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rpccodec.New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)))
+	if err != nil {
+		return nil, err
+	}
+	c.conns[addr] = conn
+	return conn, nil
+}
+
+// Call executes req on node.
+func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byte, error) {
+	conn, err := c.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	var resp CallResponse
+	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
+		return nil, &unavailableError{node: node, err: err}
+	}
+	return resp.Result, fromCode(&resp)
+}
+
+// unavailableError: the node could not be reached (it may be down).
+type unavailableError struct {
+	node uint64
+	err  error
+}
+
+func (e *unavailableError) Error() string { return fmt.Sprintf("kvapi: node %x: %v", e.node, e.err) }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// retryBackoff is the pause between attempts while a group has no known
+// leader or it moved.
+const retryBackoff = 20 * time.Millisecond
+
+// encoding helpers
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) byte() byte {
+	if r.err != nil || len(r.b) < 1 {
+		r.err = errCorruptCall
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errCorruptCall
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = errCorruptCall
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) chunk() []byte {
+	n := r.uvarint()
+	if r.err != nil || uint64(len(r.b)) < n {
+		r.err = errCorruptCall
+		return nil
+	}
+	c := r.b[:n]
+	r.b = r.b[n:]
+	return c
+}
+
+func ints(vs ...int64) []byte {
+	var b []byte
+	for _, v := range vs {
+		b = binary.AppendVarint(b, v)
+	}
+	return b
+}
+
+func readInts(b []byte, n int) ([]int64, []byte, error) {
+	r := reader{b: b}
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = r.varint()
+	}
+	return out, r.b, r.err
+}

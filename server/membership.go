@@ -1,0 +1,135 @@
+package server
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+
+	"github.com/brainkv/brain/cluster"
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// membership is the node's gossip membership.
+type membership = cluster.Membership
+
+// loadOrCreateIdentity loads the node's identity, or creates it (and the
+// cluster's membership) from the configuration on first start.
+func (s *Server) loadOrCreateIdentity() error {
+	cfg := s.cfg
+	id, err := loadIdentity(s.db)
+	if err != nil {
+		return err
+	}
+	if id != nil {
+		if len(id.Members) == 0 { // a store created before clusters existed
+			id.Members = []member{{ID: id.MemberID, Name: id.Name, PeerURLs: id.PeerURLs}}
+			id.Replicas = 1
+		}
+		if fmt.Sprint(id.SplitPoints) != fmt.Sprint(cfg.InitialSplitPoints) {
+			s.log.Warn("--initial-split-points differ from the store's; using the store's", "store", id.SplitPoints)
+		}
+		s.id = id
+		return nil
+	}
+	members, err := initialMembers(cfg.InitialCluster, cfg.InitialClusterToken)
+	if err != nil {
+		return err
+	}
+	id = &identity{
+		Name:        cfg.Name,
+		PeerURLs:    cfg.InitialAdvertisePeerURLs,
+		SplitPoints: append([]string(nil), cfg.InitialSplitPoints...),
+		Members:     members,
+		Replicas:    cfg.Replicas,
+	}
+	id.MemberID = memberID(id.PeerURLs, cfg.InitialClusterToken)
+	found := false
+	var ids []uint64
+	for _, m := range members {
+		ids = append(ids, m.ID)
+		found = found || m.ID == id.MemberID
+	}
+	if !found {
+		return fmt.Errorf("server: --initial-advertise-peer-urls %v do not match this member's (%s) URLs in --initial-cluster", id.PeerURLs, cfg.Name)
+	}
+	id.ClusterID = clusterID(ids)
+	b := s.db.NewBatch()
+	if err := saveIdentity(b, id); err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	s.id = id
+	s.log.Info("created a new store", "data-dir", cfg.DataDir, "members", len(members), "replicas", id.Replicas, "split-points", id.SplitPoints)
+	return nil
+}
+
+// peerHostPort returns the host:port of a peer URL.
+func peerHostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	return u.Host, nil
+}
+
+func (s *Server) startMembership() error {
+	self, err := peerHostPort(s.id.PeerURLs[0])
+	if err != nil {
+		return err
+	}
+	gossip := s.cfg.GossipAddr
+	if gossip == "" {
+		listen, err := listenAddr(s.cfg.ListenPeerURLs[0])
+		if err != nil {
+			return err
+		}
+		if gossip, err = cluster.GossipAddr(listen); err != nil {
+			return err
+		}
+	}
+	host, port, err := net.SplitHostPort(gossip)
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return err
+	}
+	advertise, _, err := net.SplitHostPort(self)
+	if err != nil {
+		return err
+	}
+	var static []cluster.NodeInfo
+	var seeds []string
+	for _, m := range s.id.Members {
+		addr, err := peerHostPort(m.PeerURLs[0])
+		if err != nil {
+			return err
+		}
+		static = append(static, cluster.NodeInfo{ID: m.ID, Name: m.Name, PeerAddr: addr})
+		if m.ID != s.id.MemberID {
+			g, err := cluster.GossipAddr(addr)
+			if err != nil {
+				return err
+			}
+			seeds = append(seeds, g)
+		}
+	}
+	if ip := net.ParseIP(advertise); ip == nil || ip.IsUnspecified() {
+		advertise = "" // memberlist picks a private address
+	}
+	s.membership, err = cluster.Start(cluster.Config{
+		Self:          cluster.NodeInfo{ID: s.id.MemberID, Name: s.id.Name, PeerAddr: self, ClientURLs: s.cfg.AdvertiseClientURLs},
+		BindAddr:      host,
+		BindPort:      p,
+		AdvertiseAddr: advertise,
+		Seeds:         seeds,
+		Static:        static,
+		Fast:          s.cfg.FastGossip,
+		Logger:        s.log,
+	})
+	return err
+}
