@@ -36,6 +36,9 @@ type Revisions interface {
 	Current() int64
 	// Observe records that rev was issued (so Current is at least rev).
 	Observe(rev int64)
+	// Fresh returns the TSO's current revision, confirmed after the call
+	// began: never below an acknowledged write.
+	Fresh(ctx context.Context) (int64, error)
 	// Next issues n consecutive revisions and returns the first.
 	Next(ctx context.Context, n int64) (int64, error)
 }
@@ -569,8 +572,23 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	var resp *pb.TxnResponse
 	if !writes {
 		resp, err = dry.evalTxn(rt)
-		if err != nil || len(dry.changes) == 0 {
-			return resp, err
+		if err != nil {
+			return nil, err
+		}
+		if len(dry.changes) == 0 {
+			// Nothing to write, so no revision: the header must still be
+			// the current revision (DESIGN invariant 3), which only the TSO
+			// knows for sure. The latches keep the state; evaluate again at
+			// it if the revision this node knew was behind.
+			fresh, err := p.revs.Fresh(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if fresh > cur {
+				again := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: fresh, compactRev: dry.compactRev, leaseOK: p.leases.LeaseUsable}
+				return again.evalTxn(rt)
+			}
+			return resp, nil
 		}
 	}
 	w, term, err := p.register()

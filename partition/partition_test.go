@@ -30,6 +30,8 @@ func newFakeRevs() *fakeRevs { r := &fakeRevs{}; r.cur.Store(1); return r }
 
 func (r *fakeRevs) Current() int64 { return r.cur.Load() }
 
+func (r *fakeRevs) Fresh(context.Context) (int64, error) { return r.cur.Load(), nil }
+
 func (r *fakeRevs) Observe(rev int64) {
 	for {
 		c := r.cur.Load()

@@ -3,12 +3,18 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"math/rand"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+	"github.com/brainkv/brain/internal/history"
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestClusterServesFromEveryNode writes through every node of a 3-node
@@ -80,4 +86,143 @@ func TestClusterServesFromEveryNode(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestClusterLinearizableUnderNodeRestarts runs the concurrent checker
+// against a 3-node cluster while nodes 2 and 3 are stopped and restarted
+// one at a time (a stopped node may lead the TSO, the meta group and
+// partitions): clients use every endpoint, as kube-apiserver does; a watch
+// on node 1 (which stays up) must see the whole history without a gap or
+// duplicate; watches on the other nodes resume on another node from the
+// last revision they saw and must see exactly the rest.
+func TestClusterLinearizableUnderNodeRestarts(t *testing.T) {
+	seed := *concSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
+	t.Logf("seed %d (rerun with -conc.seed=%d)", seed, seed)
+	c := testutil.StartCluster(t, 3, server.Config{InitialSplitPoints: concSplits})
+	all := clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
+	newClient := func(eps ...string) *clientv3.Client {
+		cfg := all
+		if len(eps) > 0 {
+			cfg.Endpoints = eps
+		}
+		cl, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	warm := newClient(c.Endpoint(0))
+	rec := history.NewRecorder()
+	for i := 0; ; i++ {
+		if out := history.Do(rec, warm, 99, history.Input{Kind: history.Put, Key: "/warm", Value: fmt.Sprint("warm-", i)}, time.Second); !out.Unknown {
+			break
+		}
+		if i > 300 {
+			t.Fatal("the cluster did not start serving")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	ctx, stopWatches := context.WithCancel(context.Background())
+	var wwg sync.WaitGroup
+	ref := &history.Watch{Name: "reference@n1", Key: "\x00", End: "\x00", Start: 1, PrevKV: true}
+	wwg.Add(1)
+	go func() {
+		defer wwg.Done()
+		if err := history.RecordWatch(ctx, newClient(c.Endpoint(0)), ref, 0); err != nil && ctx.Err() == nil {
+			t.Errorf("reference watch on the node that stays up failed: %v", err)
+		}
+	}()
+	var resuming []*history.Watch
+	for i, node := range []int{1, 2} {
+		w := &history.Watch{Name: fmt.Sprintf("resuming@n%d", node+1), Key: "\x00", End: "\x00", Start: 1, PrevKV: i == 0}
+		if i == 1 {
+			w.Key, w.End = "/registry/events/", "/registry/pods/"
+		}
+		resuming = append(resuming, w)
+		// A client of this node that fails over to another (clientv3 resumes
+		// the watch there from the last revision), and explicit resumption
+		// on other nodes if the stream ends.
+		clients := []*clientv3.Client{newClient(c.Endpoint(node), c.Endpoint((node+1)%3)), newClient(c.Endpoint(0))}
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			history.RecordResumingWatch(ctx, clients, w, 20*time.Millisecond)
+		}()
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for cl := 0; cl < 9; cl++ {
+		wg.Add(1)
+		go func(cl int) {
+			defer wg.Done()
+			kv := newClient()
+			wl := history.NewWorkload(seed+int64(cl), concKeys, 30, 20, 40)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				in := wl.Next(fmt.Sprintf("c%d-%d", cl, i))
+				wl.Observe(in, history.Do(rec, kv, cl, in, 5*time.Second))
+			}
+		}(cl)
+	}
+	rng := rand.New(rand.NewSource(seed))
+	for round := 0; round < 4; round++ {
+		time.Sleep(time.Duration(300+rng.Intn(700)) * time.Millisecond)
+		node := 1 + rng.Intn(2)
+		t.Logf("round %d: stopping n%d (it leads %v)", round, node+1, c.Nodes[node].Leading())
+		c.Stop(node)
+		time.Sleep(time.Duration(500+rng.Intn(1000)) * time.Millisecond)
+		c.Start(node)
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	ops := rec.Ops()
+
+	fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	g, err := warm.Get(fctx, "x")
+	fcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := g.Header.Revision
+	waitWatches(t, append([]*history.Watch{ref}, resuming...), final)
+	stopWatches()
+	wwg.Wait()
+
+	unknown := 0
+	for _, op := range ops {
+		if op.Out.Unknown {
+			unknown++
+		}
+	}
+	res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(t.TempDir(), "porcupine.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res != porcupine.Ok {
+		t.Errorf("porcupine: history of %d operations is %v (seed %d)", len(ops), res, seed)
+	}
+	for _, err := range history.CheckRevisions(ops) {
+		t.Error(err)
+	}
+	for _, err := range history.CheckHistory(ref, ops) {
+		t.Error(err)
+	}
+	for _, w := range resuming {
+		for _, err := range history.CheckWatch(w, ref) {
+			t.Error(err)
+		}
+	}
+	t.Logf("%d operations (%d with unknown outcome), final revision %d, watches resumed at %v and %v",
+		len(ops), unknown, final, resuming[0].Resumed, resuming[1].Resumed)
 }

@@ -60,8 +60,12 @@ func unknown(err error) Output {
 // progressEvery (0: never). It returns when done; w.Complete is the highest
 // revision the stream is known to have delivered everything up to.
 func RecordWatch(ctx context.Context, c *clientv3.Client, w *Watch, progressEvery time.Duration) error {
+	return recordWatchFrom(ctx, c, w, w.Start, progressEvery)
+}
+
+func recordWatchFrom(ctx context.Context, c *clientv3.Client, w *Watch, start int64, progressEvery time.Duration) error {
 	ctx = clientv3.WithRequireLeader(ctx)
-	opts := []clientv3.OpOption{clientv3.WithRev(w.Start), clientv3.WithProgressNotify()}
+	opts := []clientv3.OpOption{clientv3.WithRev(start), clientv3.WithProgressNotify()}
 	switch w.End {
 	case "":
 	case "\x00":
@@ -110,6 +114,27 @@ func RecordWatch(ctx context.Context, c *clientv3.Client, w *Watch, progressEver
 			}
 			w.Resps = append(w.Resps, r)
 			w.mu.Unlock()
+		}
+	}
+}
+
+// RecordResumingWatch is RecordWatch over several endpoints: when the
+// stream breaks (its node went away), it resumes on the next client from
+// the revision after the last one it saw, as a client whose node died
+// would. It returns when ctx ends.
+func RecordResumingWatch(ctx context.Context, clients []*clientv3.Client, w *Watch, progressEvery time.Duration) {
+	for i := 0; ctx.Err() == nil; i++ {
+		c := clients[i%len(clients)]
+		w.mu.Lock()
+		start := max(w.Start, w.Complete+1)
+		if i > 0 {
+			w.Resumed = append(w.Resumed, start)
+		}
+		w.mu.Unlock()
+		_ = recordWatchFrom(ctx, c, w, start, progressEvery)
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -42,6 +42,9 @@ type Watch struct {
 	PrevKV   bool
 	Resps    []Response
 	Complete int64 // the stream is known complete up to this revision
+	// Resumed lists the start revisions of the stream's segments after a
+	// break (RecordResumingWatch); Start is then the first segment's.
+	Resumed []int64
 }
 
 // CompleteAt returns the revision the stream is complete up to so far.
