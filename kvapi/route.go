@@ -19,6 +19,19 @@ const (
 	FirstPartition = 100
 )
 
+// attemptTimeout bounds one attempt of a quick idempotent call (quickOp),
+// so a call to a node that stopped answering is retried at the group's new
+// leader; longer calls rely on keepalive to break such connections.
+const attemptTimeout = time.Second
+
+func quickOp(op Op) bool {
+	switch op {
+	case OpTSONext, OpTSOCurrent, OpRequestClose, OpMetaReadIndex, OpMetaRenew, OpMetaTimeToLive:
+		return true
+	}
+	return false
+}
+
 // requestTimeout bounds how long a request waits for a group to have a
 // reachable leader (an election takes about a second).
 const requestTimeout = 7 * time.Second
@@ -100,7 +113,12 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 				return err
 			}
 		}
-		res, err := s.rpc.Call(ctx, leader, &CallRequest{Op: op, Group: group, Args: enc})
+		actx, acancel := ctx, context.CancelFunc(func() {})
+		if quickOp(op) {
+			actx, acancel = context.WithTimeout(ctx, attemptTimeout)
+		}
+		res, err := s.rpc.Call(actx, leader, &CallRequest{Op: op, Group: group, Args: enc})
+		acancel()
 		var nl *NotLeaderError
 		var un *unavailableError
 		switch {

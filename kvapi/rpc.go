@@ -14,7 +14,6 @@ import (
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/brainkv/brain/tso"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // The internal API between nodes is one unary gRPC method, Call: an
@@ -268,9 +267,7 @@ func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
 	if conn := c.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rpccodec.New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)))
+	conn, err := grpc.NewClient(addr, rpccodec.PeerDialOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -119,6 +121,8 @@ type Group struct {
 	voters atomic.Int32
 	// removed is set when the host stops hosting the group.
 	removed atomic.Bool
+	// gauges are the group's metric children (set on first publish).
+	gauges struct{ leader, term, applied prometheus.Gauge }
 }
 
 type pendingProp struct {
@@ -376,6 +380,19 @@ func (g *Group) drainInbox() {
 
 func (g *Group) publishStatus() {
 	g.voters.Store(int32(len(g.conf.Voters)))
+	if g.gauges.leader == nil {
+		label := strconv.FormatUint(g.id, 10)
+		g.gauges.leader = g.host.metrics.leader.WithLabelValues(label)
+		g.gauges.term = g.host.metrics.term.WithLabelValues(label)
+		g.gauges.applied = g.host.metrics.appliedIndex.WithLabelValues(label)
+	}
+	leader := 0.0
+	if g.isLeader && g.leaderReady {
+		leader = 1
+	}
+	g.gauges.leader.Set(leader)
+	g.gauges.term.Set(float64(g.term))
+	g.gauges.applied.Set(float64(g.applied))
 	g.status.Store(&Status{
 		ID:          g.id,
 		Term:        g.term,

@@ -13,7 +13,6 @@ import (
 	"github.com/brainkv/brain/internal/rpccodec"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // The raft transport between nodes is a gRPC service with two
@@ -252,10 +251,7 @@ type GRPCTransport struct {
 func NewGRPCTransport(self uint64, resolve func(uint64) (string, bool), log *slog.Logger, opts ...grpc.DialOption) *GRPCTransport {
 	t := &GRPCTransport{self: self, resolve: resolve, log: log.With("component", "raft-transport")}
 	t.mu.peers = make(map[uint64]*peer)
-	t.dialOpt = append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rpccodec.New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)),
-	}, opts...)
+	t.dialOpt = append(rpccodec.PeerDialOptions(), opts...)
 	return t
 }
 

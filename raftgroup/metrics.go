@@ -10,6 +10,9 @@ type metrics struct {
 	logSync           prometheus.Histogram
 	snapshotsSent     prometheus.Counter
 	snapshotsReceived prometheus.Counter
+	leader            *prometheus.GaugeVec
+	term              *prometheus.GaugeVec
+	appliedIndex      *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,9 +40,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		snapshotsReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_snapshots_received_total", Help: "Raft snapshots received.",
 		}),
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brain_raft_is_leader", Help: "1 if this node leads the raft group (and is ready to serve), else 0.",
+		}, []string{"group"}),
+		term: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brain_raft_term", Help: "The raft group's current term on this node.",
+		}, []string{"group"}),
+		appliedIndex: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brain_raft_applied_index", Help: "The raft group's applied index on this node.",
+		}, []string{"group"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }

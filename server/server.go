@@ -469,7 +469,7 @@ func (s *Server) hasLeader() bool {
 // servePeers serves the raft transport and the internal API on the peer
 // listen URLs.
 func (s *Server) servePeers() error {
-	s.peerGRPC = grpc.NewServer(grpc.ForceServerCodecV2(rpccodec.New()), grpc.MaxRecvMsgSize(1<<30), grpc.MaxSendMsgSize(1<<30))
+	s.peerGRPC = grpc.NewServer(rpccodec.PeerServerOptions()...)
 	raftgroup.RegisterService(s.peerGRPC, s.host)
 	kvapi.RegisterInternalService(s.peerGRPC, s.store)
 	for _, u := range s.cfg.ListenPeerURLs {
