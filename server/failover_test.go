@@ -157,7 +157,10 @@ func TestFailoverKillAndPause(t *testing.T) {
 	ctx, stopWatch := context.WithCancel(context.Background())
 	watch := &history.Watch{Name: "failover-watch", Key: "\x00", End: "\x00", Start: 1, PrevKV: true}
 	wdone := make(chan struct{})
-	go func() { defer close(wdone); history.RecordResumingWatch(ctx, []*clientv3.Client{newClient()}, watch, 50*time.Millisecond) }()
+	go func() {
+		defer close(wdone)
+		history.RecordResumingWatch(ctx, []*clientv3.Client{newClient()}, watch, 50*time.Millisecond)
+	}()
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
