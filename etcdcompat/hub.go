@@ -58,13 +58,16 @@ type Hub struct {
 
 	mu struct {
 		sync.Mutex
-		closed     map[uint64]int64 // per partition; protected by mu
-		frontier   int64            // protected by mu
-		pending    entryHeap        // rev > frontier; protected by mu
-		maxPending int64            // protected by mu
-		lastPoke   int64            // protected by mu
-		ring       []*entry         // released, ascending; protected by mu
-		ringStart  int64            // every released event >= ringStart is in ring
+		closed map[uint64]int64 // per partition; protected by mu
+		// seen holds, per partition, the revisions above its closed
+		// revision already taken (to drop duplicates); protected by mu.
+		seen       map[uint64]map[int64]struct{}
+		frontier   int64     // protected by mu
+		pending    entryHeap // rev > frontier; protected by mu
+		maxPending int64     // protected by mu
+		lastPoke   int64     // protected by mu
+		ring       []*entry  // released, ascending; protected by mu
+		ringStart  int64     // every released event >= ringStart is in ring
 		ringEvents int
 		ringBytes  int
 		changed    chan struct{} // closed when frontier advances
@@ -75,6 +78,9 @@ type Hub struct {
 	catchups prometheus.Counter
 	encodes  prometheus.Counter
 	frames   prometheus.Counter
+	// duplicates counts events dropped because a resumed or starting
+	// feed subscription delivered them again.
+	duplicates prometheus.Counter
 }
 
 // entry is one revision's events.
@@ -84,10 +90,11 @@ type entry struct {
 	at     time.Time
 	size   int
 
-	mu sync.Mutex
-	// prevMissing: the events' PrevKv lack values, loaded the first time a
-	// prev_kv shape is encoded. Protected by mu.
+	// prevMissing: the events' PrevKv lack values; withPrev holds copies
+	// with them, loaded the first time a prev_kv shape is encoded.
 	prevMissing bool
+	mu          sync.Mutex
+	withPrev    []*mvccpb.Event    // protected by mu
 	enc         map[shape]*encoded // protected by mu
 }
 
@@ -129,6 +136,7 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	}
 	h := &Hub{cfg: cfg, src: src}
 	h.mu.closed = make(map[uint64]int64)
+	h.mu.seen = make(map[uint64]map[int64]struct{})
 	h.mu.changed = make(chan struct{})
 	h.lag = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "brain_watch_delivery_lag_seconds", Help: "Time from an event's apply to its first send to a watcher.",
@@ -138,14 +146,16 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.catchups = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchups_total", Help: "Reads of the event logs by watchers behind the in-memory ring."})
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
+	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.catchups, h.encodes, h.frames)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.catchups, h.encodes, h.frames, h.duplicates)
 	}
 	return h
 }
 
-// AddPartition registers a partition and its closed revision. Call for
-// every partition before any publishes.
+// AddPartition registers a partition and a closed revision it has
+// certainly reached (0 when unknown, for a partition fed from another
+// node). Call for every partition before any publishes.
 func (h *Hub) AddPartition(id uint64, closed int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -155,9 +165,9 @@ func (h *Hub) AddPartition(id uint64, closed int64) {
 }
 
 // SetHistoryStart tells the hub that every event with a revision >= rev
-// will be published to it; events below rev may already be applied (for
-// instance before a restart) and are read from the event logs. Call before
-// the partitions start applying, with the TSO's recovered revision + 1.
+// will be published to it (the partitions' feed subscriptions start
+// there); events below rev may already be applied (for instance before a
+// restart) and are read from the event logs.
 func (h *Hub) SetHistoryStart(rev int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -175,36 +185,45 @@ func (h *Hub) minClosedLocked() int64 {
 	return m
 }
 
-// Publish implements partition.Feed.
+// Publish implements partition.Feed: it takes one partition's events and
+// closed revision from its feed subscription. Subscriptions overlap when
+// they start or resume, so a revision may arrive twice; the hub keeps the
+// first and drops an event at or below the partition's closed revision
+// (it had it) or one it holds already.
 func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	h.mu.Lock()
-	// An event at or below a revision every partition had closed means
-	// the closed-revision promise is broken; watchers have moved past it.
-	invariant.Check(evs.Rev == 0 || evs.Rev > h.mu.frontier,
-		"partition %d published revision %d at or below the watch frontier %d", pid, evs.Rev, h.mu.frontier)
-	if evs.Rev > h.mu.frontier {
-		e := &entry{rev: evs.Rev, events: evs.Events, at: time.Now(), prevMissing: evs.PrevValuesMissing}
-		for _, ev := range evs.Events {
-			e.size += ev.Size()
+	if evs.Rev != 0 {
+		seen := h.mu.seen[pid]
+		_, dup := seen[evs.Rev]
+		if dup || evs.Rev <= h.mu.closed[pid] {
+			h.duplicates.Inc()
+		} else {
+			// The frontier is at most the partition's closed revision, so
+			// a new event is above it.
+			invariant.Check(evs.Rev > h.mu.frontier,
+				"partition %d published revision %d at or below the watch frontier %d", pid, evs.Rev, h.mu.frontier)
+			if seen == nil {
+				seen = make(map[int64]struct{})
+				h.mu.seen[pid] = seen
+			}
+			seen[evs.Rev] = struct{}{}
+			e := &entry{rev: evs.Rev, events: evs.Events, at: time.Now(), prevMissing: evs.PrevValuesMissing}
+			for _, ev := range evs.Events {
+				e.size += ev.Size()
+			}
+			heap.Push(&h.mu.pending, e)
+			h.mu.maxPending = max(h.mu.maxPending, evs.Rev)
 		}
-		heap.Push(&h.mu.pending, e)
-		h.mu.maxPending = max(h.mu.maxPending, evs.Rev)
 	}
 	if closed > h.mu.closed[pid] {
 		h.mu.closed[pid] = closed
-	}
-	if nf := h.minClosedLocked(); nf > h.mu.frontier {
-		for len(h.mu.pending) > 0 && h.mu.pending[0].rev <= nf {
-			e := heap.Pop(&h.mu.pending).(*entry)
-			h.mu.ring = append(h.mu.ring, e)
-			h.mu.ringEvents += len(e.events)
-			h.mu.ringBytes += e.size
+		for r := range h.mu.seen[pid] {
+			if r <= closed {
+				delete(h.mu.seen[pid], r)
+			}
 		}
-		h.mu.frontier = nf
-		h.evictLocked()
-		close(h.mu.changed)
-		h.mu.changed = make(chan struct{})
 	}
+	h.advanceLocked()
 	var poke int64
 	if len(h.mu.pending) > 0 && h.mu.maxPending > h.mu.lastPoke {
 		poke = h.mu.maxPending
@@ -215,6 +234,47 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 		// Idle partitions hold the frontier back; ask them to close.
 		h.src.RequestClose(max(poke, h.src.CurrentRevision()))
 	}
+}
+
+// advanceLocked moves the frontier to the lowest closed revision and
+// releases the events it passed.
+func (h *Hub) advanceLocked() {
+	nf := h.minClosedLocked()
+	if nf <= h.mu.frontier {
+		return
+	}
+	for len(h.mu.pending) > 0 && h.mu.pending[0].rev <= nf {
+		e := heap.Pop(&h.mu.pending).(*entry)
+		h.mu.ring = append(h.mu.ring, e)
+		h.mu.ringEvents += len(e.events)
+		h.mu.ringBytes += e.size
+	}
+	h.mu.frontier = nf
+	h.evictLocked()
+	close(h.mu.changed)
+	h.mu.changed = make(chan struct{})
+}
+
+// ResumeFrom returns where partition pid's feed subscription must
+// (re)start: after the closed revision the hub holds for it, and not below
+// the ring's start (events below it are read from the event logs).
+func (h *Hub) ResumeFrom(pid uint64) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return max(h.mu.closed[pid]+1, h.mu.ringStart)
+}
+
+// Truncate tells the hub that partition pid's events below rev are
+// compacted away and will never arrive: watchers below rev read the
+// (compacted) event logs, and the partition counts as closed below rev.
+func (h *Hub) Truncate(pid uint64, rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.ringStart = max(h.mu.ringStart, rev)
+	if rev-1 > h.mu.closed[pid] {
+		h.mu.closed[pid] = rev - 1
+	}
+	h.advanceLocked()
 }
 
 func (h *Hub) evictLocked() {
@@ -273,11 +333,14 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	if enc, ok := e.enc[*s]; ok {
 		return enc
 	}
+	evs := e.events
 	if s.prevKV && e.prevMissing {
-		h.loadPrevValues(e.events)
-		e.prevMissing = false
+		if e.withPrev == nil {
+			e.withPrev = h.withPrevValues(e.events)
+		}
+		evs = e.withPrev
 	}
-	enc := encodeEvents(e.events, s)
+	enc := encodeEvents(evs, s)
 	if e.enc == nil {
 		e.enc = make(map[shape]*encoded)
 	}
@@ -286,21 +349,27 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	return enc
 }
 
-// loadPrevValues fills in the values of events' prev_kv. A value that
-// cannot be read (compacted away) leaves the event without a prev_kv.
-func (h *Hub) loadPrevValues(events []*mvccpb.Event) {
-	// Only PrevKv changes, under the entry's lock; matching reads the
-	// other fields of the events without it.
-	for _, ev := range events {
+// withPrevValues returns copies of events with the values of their
+// prev_kv filled in (published events are shared, never modified). A value
+// that cannot be read (compacted away) leaves the event without a prev_kv.
+func (h *Hub) withPrevValues(events []*mvccpb.Event) []*mvccpb.Event {
+	out := make([]*mvccpb.Event, len(events))
+	for i, ev := range events {
+		out[i] = ev
 		if ev.PrevKv == nil {
 			continue
 		}
+		c := *ev
 		if v, err := h.src.PrevValue(ev.PrevKv.Key, ev.PrevKv.ModRevision); err != nil {
-			ev.PrevKv = nil
+			c.PrevKv = nil
 		} else {
-			ev.PrevKv.Value = v
+			kv := *ev.PrevKv
+			kv.Value = v
+			c.PrevKv = &kv
 		}
+		out[i] = &c
 	}
+	return out
 }
 
 // eventsField is the WatchResponse.events field tag (11, length-delimited).

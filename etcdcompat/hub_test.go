@@ -89,3 +89,46 @@ func TestHubEncodesOncePerShape(t *testing.T) {
 		t.Fatal("entries below the ring start reported as complete")
 	}
 }
+
+// TestHubDropsResubscriptionDuplicates replays a partition's feed the way
+// a resumed subscription does (again from the closed revision the hub
+// holds, overlapping what it delivered) and checks every revision is
+// released exactly once; Truncate skips a compacted gap.
+func TestHubDropsResubscriptionDuplicates(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{}, src)
+	h.AddPartition(1, 0)
+	h.AddPartition(2, 0)
+	h.SetHistoryStart(3)
+	if got := h.ResumeFrom(1); got != 3 {
+		t.Fatalf("ResumeFrom before any feed: %d, want the history start 3", got)
+	}
+	h.Publish(1, evs(4, "a"), 0)
+	h.Publish(1, evs(6, "a"), 0)
+	h.Publish(1, partition.RevEvents{}, 5)
+	if got := h.ResumeFrom(1); got != 6 {
+		t.Fatalf("ResumeFrom: %d, want 6", got)
+	}
+	// The resumed subscription delivers 4 (below closed), 6 (held) and 7.
+	h.Publish(1, evs(4, "a"), 0)
+	h.Publish(1, evs(6, "a"), 0)
+	h.Publish(1, evs(7, "a"), 0)
+	h.Publish(1, partition.RevEvents{}, 9)
+	h.Publish(2, evs(8, "m"), 9)
+	es, ok := h.entries(3, 9)
+	if !ok || len(es) != 4 || es[0].rev != 4 || es[1].rev != 6 || es[2].rev != 7 || es[3].rev != 8 {
+		t.Fatalf("released %v, want [4 6 7 8]", revs(es))
+	}
+	// Partition 2's events below 20 were compacted while its feed was down.
+	h.Publish(1, partition.RevEvents{}, 30)
+	h.Truncate(2, 20)
+	if f, _ := h.Frontier(); f != 19 {
+		t.Fatalf("frontier after Truncate: %d, want 19", f)
+	}
+	if _, ok := h.entries(10, 19); ok {
+		t.Fatal("the ring claims revisions below the truncation")
+	}
+	if got := h.ResumeFrom(2); got != 20 {
+		t.Fatalf("ResumeFrom after Truncate: %d, want 20", got)
+	}
+}

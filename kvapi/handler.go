@@ -13,6 +13,16 @@ import (
 // node's replicas, answering NotLeader where a leader is needed and this
 // replica is not it.
 func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
+	if req.Op == OpGroupInfo {
+		st, ok := s.groupStatus(req.Group)
+		if !ok {
+			return nil, ErrNoReplica
+		}
+		if !st.IsLeader {
+			return nil, partition.ErrNotLeader
+		}
+		return encodeGroupInfo(GroupInfo{Leader: s.self, Voters: st.Voters, Learners: st.Learners}), nil
+	}
 	switch req.Group {
 	case TSOGroup:
 		return s.handleTSO(ctx, req)
@@ -20,10 +30,10 @@ func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error
 		return s.handleMeta(ctx, req)
 	}
 	rt := s.byID[req.Group]
-	if rt == nil || rt.Local == nil {
+	if rt == nil || rt.local() == nil {
 		return nil, ErrNoReplica
 	}
-	p := rt.Local
+	p := rt.local()
 	switch req.Op {
 	case OpTxn, OpPut, OpDeleteRange, OpDeleteByLease, OpCompact:
 		if !p.IsLeader() {
@@ -96,6 +106,35 @@ func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error
 			return nil, err
 		}
 		return (&pb.RangeResponse{Kvs: kvs, Count: n}).Marshal()
+	case OpEvents:
+		v, rest, err := readInts(req.Args, 3)
+		if err != nil {
+			return nil, err
+		}
+		r := reader{b: rest}
+		key, end := r.chunk(), r.chunk()
+		if r.err != nil {
+			return nil, r.err
+		}
+		// The caller's hub knows the range is closed; this replica may lag.
+		if err := p.WaitClosed(ctx, v[1]); err != nil {
+			return nil, err
+		}
+		evs, next, more, err := p.Events(v[0], v[1], key, end, int(v[2]))
+		if err != nil {
+			return nil, err
+		}
+		m := int64(0)
+		if more {
+			m = 1
+		}
+		return appendRevEvents(ints(next, m), evs)
+	case OpPrevValue:
+		v, key, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		return p.PrevValue(key, v[0])
 	case OpLeaseKeys:
 		v, _, err := readInts(req.Args, 1)
 		if err != nil {

@@ -50,6 +50,8 @@ const (
 	OpMetaSetCompact
 	OpMetaSetAlarm
 	OpMetaReadIndex // -> commit index of the meta group
+	OpEvents        // from, to, maxRevs, key, end -> events, next, on any replica
+	OpGroupInfo     // -> leader, voters, learners (from the leader)
 )
 
 // CallRequest is an internal call.
@@ -198,6 +200,8 @@ type Handler interface {
 	HandleCall(ctx context.Context, req *CallRequest) ([]byte, error)
 	// LeaderOf returns the leader this node knows for group (0: none).
 	LeaderOf(group uint64) uint64
+	// ServeFeed serves a partition's Feed stream.
+	ServeFeed(stream grpc.ServerStream) error
 }
 
 var internalServiceDesc = grpc.ServiceDesc{
@@ -221,6 +225,11 @@ var internalServiceDesc = grpc.ServiceDesc{
 			}
 			return resp, nil
 		},
+	}},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Feed",
+		ServerStreams: true,
+		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(Handler).ServeFeed(stream) },
 	}},
 	Metadata: "brain/internal",
 }

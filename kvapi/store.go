@@ -14,6 +14,7 @@ import (
 
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
+	"github.com/brainkv/brain/raftgroup"
 	"github.com/brainkv/brain/tso"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -61,6 +62,20 @@ type Route struct {
 	Local *partition.Partition
 }
 
+// route is a Route as the store keeps it: this node's replica may come
+// and go (a replica added here or removed).
+type route struct {
+	ID         uint64
+	Start, End []byte
+	localp     atomic.Pointer[partition.Partition]
+	// forwardClose asks the partition's leader to close a revision, for
+	// a node whose hub reads the partition's feed from another node.
+	forwardClose func(rev int64)
+}
+
+// local returns this node's replica, or nil.
+func (r *route) local() *partition.Partition { return r.localp.Load() }
+
 // Config configures a Store.
 type Config struct {
 	// Self is this node's ID.
@@ -80,14 +95,18 @@ type Config struct {
 	Logger     *slog.Logger
 	// Quota, if set, is consulted before every write; see Store.quota.
 	Quota func(n int) error
+	// Groups returns the status of this node's replica of a group.
+	Groups func(id uint64) (raftgroup.Status, bool)
+	// Alive reports whether a node is believed up (nil: all are).
+	Alive func(node uint64) bool
 }
 
 // Store routes requests to the partitions (and the TSO and meta group)
 // that serve them, locally or on other nodes.
 type Store struct {
 	self       uint64
-	routes     []*Route // sorted by start key, covering all keys
-	byID       map[uint64]*Route
+	routes     []*route // sorted by start key, covering all keys
+	byID       map[uint64]*route
 	tso        *tso.Client
 	oracle     *tso.Oracle
 	meta       *meta.Meta
@@ -99,6 +118,9 @@ type Store struct {
 	// quota returns an error if a write of n more bytes would exceed the
 	// backend quota (nil: no quota).
 	quota func(n int) error
+
+	groups func(uint64) (raftgroup.Status, bool)
+	alive  func(uint64) bool
 
 	// acked is the highest revision a write through this store has been
 	// acknowledged with. Serializable reads never read below it, so a
@@ -125,11 +147,14 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
 		leaderHint: cfg.LeaderHint, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
-		byID: make(map[uint64]*Route), stopc: make(chan struct{})}
-	for i := range cfg.Routes {
-		r := cfg.Routes[i]
-		s.routes = append(s.routes, &r)
-		s.byID[r.ID] = &r
+		groups: cfg.Groups, alive: cfg.Alive,
+		byID: make(map[uint64]*route), stopc: make(chan struct{})}
+	for _, cr := range cfg.Routes {
+		r := &route{ID: cr.ID, Start: cr.Start, End: cr.End}
+		r.localp.Store(cr.Local)
+		r.forwardClose = s.ForwardClose(r.ID)
+		s.routes = append(s.routes, r)
+		s.byID[r.ID] = r
 	}
 	sort.Slice(s.routes, func(i, j int) bool { return bytes.Compare(s.routes[i].Start, s.routes[j].Start) < 0 })
 	for i, r := range s.routes {
@@ -187,8 +212,8 @@ func (b tsoBackend) Current(ctx context.Context) (int64, error) {
 func (s *Store) Partitions() []*partition.Partition {
 	var out []*partition.Partition
 	for _, r := range s.routes {
-		if r.Local != nil {
-			out = append(out, r.Local)
+		if l := r.local(); l != nil {
+			out = append(out, l)
 		}
 	}
 	return out
@@ -214,11 +239,11 @@ func (s *Store) partitionIndex(key []byte) int {
 	}) - 1
 }
 
-func (s *Store) routeFor(key []byte) *Route { return s.routes[s.partitionIndex(key)] }
+func (s *Store) routeFor(key []byte) *route { return s.routes[s.partitionIndex(key)] }
 
 // overlapping returns the routes overlapping [key, end) in key order (end
 // nil: the single key; empty: unbounded).
-func (s *Store) overlapping(key, end []byte) []*Route {
+func (s *Store) overlapping(key, end []byte) []*route {
 	i := s.partitionIndex(key)
 	if end == nil {
 		return s.routes[i : i+1]
@@ -246,18 +271,18 @@ func mkEnd(rangeEnd []byte) []byte {
 
 // compactRevision is the compaction revision for reading routes: the meta
 // group's, or a partition's own if this node learned of it there first.
-func (s *Store) compactRevision(routes []*Route) int64 {
+func (s *Store) compactRevision(routes []*route) int64 {
 	c := s.meta.CompactRevision()
 	for _, r := range routes {
-		if r.Local != nil {
-			c = max(c, r.Local.CompactRevision())
+		if l := r.local(); l != nil {
+			c = max(c, l.CompactRevision())
 		}
 	}
 	return c
 }
 
 // readRevision picks the revision a read runs at and checks it.
-func (s *Store) readRevision(ctx context.Context, routes []*Route, rev int64, serializable bool) (readRev, header int64, err error) {
+func (s *Store) readRevision(ctx context.Context, routes []*route, rev int64, serializable bool) (readRev, header int64, err error) {
 	var cur int64
 	if serializable {
 		cur = s.tso.Known()
@@ -283,8 +308,8 @@ func (s *Store) readRevision(ctx context.Context, routes []*Route, rev int64, se
 			// node has closed, and at least what it has acknowledged.
 			readRev = cur
 			for _, r := range routes {
-				if r.Local != nil {
-					readRev = min(readRev, r.Local.Closed())
+				if l := r.local(); l != nil {
+					readRev = min(readRev, l.Closed())
 				}
 			}
 			readRev = max(readRev, min(s.acked.Load(), cur))
@@ -312,8 +337,8 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 	}
 	// Ask every partition to close at once, so their waits overlap.
 	for _, rt := range routes {
-		if rt.Local != nil && !rt.Local.ReadableAt(readRev) {
-			rt.Local.RequestClose(readRev)
+		if l := rt.local(); l != nil && !l.ReadableAt(readRev) {
+			l.RequestClose(readRev)
 		}
 	}
 	limit := partition.RangeLimit(r)
@@ -344,9 +369,9 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 }
 
 // scan reads a route at rev on the local replica, or on the leader's node.
-func (s *Store) scan(ctx context.Context, rt *Route, key, end []byte, rev int64, o partition.ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
-	if rt.Local != nil {
-		return rt.Local.Scan(ctx, key, end, rev, o)
+func (s *Store) scan(ctx context.Context, rt *route, key, end []byte, rev int64, o partition.ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
+	if l := rt.local(); l != nil {
+		return l.Scan(ctx, key, end, rev, o)
 	}
 	var resp pb.RangeResponse
 	err := s.call(ctx, rt.ID, OpScan, true, nil, func() ([]byte, error) {
@@ -366,16 +391,14 @@ func (s *Store) checkWrite(size int) error {
 }
 
 // onLeader runs a partition write on its leader.
-func (s *Store) onLeader(ctx context.Context, rt *Route, op Op, local func(*partition.Partition) error, args func() ([]byte, error), decode func([]byte) error) error {
-	var localFn func() (bool, error)
-	if rt.Local != nil {
-		localFn = func() (bool, error) {
-			if !rt.Local.IsLeader() {
-				return false, nil
-			}
-			err := local(rt.Local)
-			return !errors.Is(err, partition.ErrNotLeader), err
+func (s *Store) onLeader(ctx context.Context, rt *route, op Op, local func(*partition.Partition) error, args func() ([]byte, error), decode func([]byte) error) error {
+	localFn := func() (bool, error) {
+		l := rt.local()
+		if l == nil || !l.IsLeader() {
+			return false, nil
 		}
+		err := local(l)
+		return !errors.Is(err, partition.ErrNotLeader), err
 	}
 	return s.call(ctx, rt.ID, op, false, localFn, args, decode)
 }
@@ -397,7 +420,7 @@ func (s *Store) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, err
 	return resp, nil
 }
 
-func (s *Store) deleteOn(ctx context.Context, rt *Route, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
+func (s *Store) deleteOn(ctx context.Context, rt *route, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
 	var resp *pb.DeleteRangeResponse
 	err := s.onLeader(ctx, rt, OpDeleteRange,
 		func(p *partition.Partition) (err error) { resp, err = p.DeleteRange(ctx, r); return err },
@@ -471,7 +494,7 @@ func txnSpans(rt *pb.TxnRequest, out [][2][]byte) [][2][]byte {
 	return out
 }
 
-func spanString(r *Route) string {
+func spanString(r *route) string {
 	if len(r.End) == 0 {
 		return fmt.Sprintf("[%q, end)", r.Start)
 	}
@@ -479,8 +502,8 @@ func spanString(r *Route) string {
 }
 
 // txnRoute returns the one route rt touches.
-func (s *Store) txnRoute(rt *pb.TxnRequest) (*Route, error) {
-	var only *Route
+func (s *Store) txnRoute(rt *pb.TxnRequest) (*route, error) {
+	var only *route
 	for _, sp := range txnSpans(rt, nil) {
 		if sp[1] != nil && len(sp[1]) != 0 && bytes.Compare(sp[0], sp[1]) >= 0 {
 			continue // an empty range touches nothing
@@ -501,20 +524,20 @@ func (s *Store) txnRoute(rt *pb.TxnRequest) (*Route, error) {
 
 // Txn implements etcd's Txn for txns within one partition.
 func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
-	route, err := s.txnRoute(rt)
+	rte, err := s.txnRoute(rt)
 	if err != nil {
 		return nil, err
 	}
 	if partition.IsTxnReadonly(rt) {
-		rev, _, err := s.readRevision(ctx, []*Route{route}, 0, partition.IsTxnSerializable(rt))
+		rev, _, err := s.readRevision(ctx, []*route{rte}, 0, partition.IsTxnSerializable(rt))
 		if err != nil {
 			return nil, err
 		}
-		if route.Local != nil {
-			return route.Local.ReadTxn(ctx, rt, rev)
+		if l := rte.local(); l != nil {
+			return l.ReadTxn(ctx, rt, rev)
 		}
 		var resp pb.TxnResponse
-		err = s.call(ctx, route.ID, OpReadTxn, true, nil, func() ([]byte, error) {
+		err = s.call(ctx, rte.ID, OpReadTxn, true, nil, func() ([]byte, error) {
 			b, err := rt.Marshal()
 			return append(binary.AppendVarint(nil, rev), b...), err
 		}, resp.Unmarshal)
@@ -524,7 +547,7 @@ func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, er
 		return nil, err
 	}
 	var resp *pb.TxnResponse
-	err = s.onLeader(ctx, route, OpTxn,
+	err = s.onLeader(ctx, rte, OpTxn,
 		func(p *partition.Partition) (err error) { resp, err = p.Txn(ctx, rt); return err },
 		rt.Marshal,
 		func(b []byte) error { resp = &pb.TxnResponse{}; return resp.Unmarshal(b) })
@@ -680,9 +703,9 @@ func (s *Store) LeaseTimeToLive(ctx context.Context, r *pb.LeaseTimeToLiveReques
 	return resp, nil
 }
 
-func (s *Store) leaseKeys(ctx context.Context, rt *Route, id int64) ([][]byte, error) {
-	if rt.Local != nil {
-		return rt.Local.LeaseKeys(id)
+func (s *Store) leaseKeys(ctx context.Context, rt *route, id int64) ([][]byte, error) {
+	if l := rt.local(); l != nil {
+		return l.LeaseKeys(id)
 	}
 	var resp pb.RangeResponse
 	err := s.call(ctx, rt.ID, OpLeaseKeys, true, nil, func() ([]byte, error) { return ints(id), nil }, resp.Unmarshal)
@@ -784,8 +807,9 @@ func (s *Store) Stop() {
 
 // Events returns the events with revisions in [from, to] (to must be
 // closed on every partition) whose keys are in [key, end), merged across
-// this node's partition replicas in revision order. It returns at most
-// about maxRevs revisions; next is the first revision not covered.
+// the partitions in revision order, read from this node's replicas or,
+// for a partition without one here, from another node's. It returns at
+// most about maxRevs revisions; next is the first revision not covered.
 func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, error) {
 	routes := s.overlapping(key, end)
 	if end == nil {
@@ -794,10 +818,7 @@ func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partitio
 	var all []partition.RevEvents
 	next := to + 1
 	for _, rt := range routes {
-		if rt.Local == nil {
-			return nil, 0, fmt.Errorf("kvapi: no local replica of partition %d to read its events", rt.ID)
-		}
-		evs, pnext, more, err := rt.Local.Events(from, to, key, end, maxRevs)
+		evs, pnext, more, err := s.partitionEvents(rt, from, to, key, end, maxRevs)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -821,22 +842,119 @@ func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partitio
 	return out, next, nil
 }
 
+// remoteReadTimeout bounds a read the watch path makes on another node.
+const remoteReadTimeout = 10 * time.Second
+
+func (s *Store) partitionEvents(rt *route, from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, bool, error) {
+	if l := rt.local(); l != nil && l.Closed() >= to {
+		return l.Events(from, to, key, end, maxRevs)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
+	defer cancel()
+	var evs []partition.RevEvents
+	var next int64
+	var more bool
+	err := s.call(ctx, rt.ID, OpEvents, true, nil, func() ([]byte, error) {
+		b := ints(from, to, int64(maxRevs))
+		b = binary.AppendUvarint(b, uint64(len(key)))
+		b = append(b, key...)
+		b = binary.AppendUvarint(b, uint64(len(end)))
+		return append(b, end...), nil
+	}, func(res []byte) error {
+		v, rest, err := readInts(res, 2)
+		if err != nil {
+			return err
+		}
+		next, more = v[0], v[1] != 0
+		evs, _, err = readRevEvents(rest)
+		return err
+	})
+	return evs, next, more, err
+}
+
 // PrevValue loads the value of key's version at rev.
 func (s *Store) PrevValue(key []byte, rev int64) ([]byte, error) {
 	rt := s.routeFor(key)
-	if rt.Local == nil {
-		return nil, ErrNoReplica
+	if l := rt.local(); l != nil {
+		return l.PrevValue(key, rev)
 	}
-	return rt.Local.PrevValue(key, rev)
+	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
+	defer cancel()
+	var v []byte
+	err := s.call(ctx, rt.ID, OpPrevValue, true, nil, func() ([]byte, error) {
+		return append(ints(rev), key...), nil
+	}, func(res []byte) error { v = res; return nil })
+	return v, err
 }
 
 // RequestClose asks every partition to close rev (through its leader).
 func (s *Store) RequestClose(rev int64) {
 	for _, rt := range s.routes {
-		if rt.Local != nil {
-			rt.Local.RequestClose(rev)
+		if l := rt.local(); l != nil {
+			l.RequestClose(rev)
+		} else {
+			rt.forwardClose(rev)
 		}
 	}
+}
+
+// GroupInfo describes a raft group's replicas, as its leader knows them.
+type GroupInfo struct {
+	Leader   uint64
+	Voters   []uint64
+	Learners []uint64
+}
+
+// GroupInfo asks group's leader for its replicas.
+func (s *Store) GroupInfo(ctx context.Context, group uint64) (GroupInfo, error) {
+	var info GroupInfo
+	local := func() (bool, error) {
+		st, ok := s.groupStatus(group)
+		if !ok || !st.IsLeader {
+			return false, nil
+		}
+		info = GroupInfo{Leader: s.self, Voters: st.Voters, Learners: st.Learners}
+		return true, nil
+	}
+	err := s.call(ctx, group, OpGroupInfo, true, local, func() ([]byte, error) { return nil, nil }, func(res []byte) error {
+		var err error
+		info, err = decodeGroupInfo(res)
+		return err
+	})
+	return info, err
+}
+
+func (s *Store) groupStatus(group uint64) (raftgroup.Status, bool) {
+	if s.groups == nil {
+		return raftgroup.Status{}, false
+	}
+	return s.groups(group)
+}
+
+func encodeGroupInfo(info GroupInfo) []byte {
+	b := binary.AppendUvarint(nil, info.Leader)
+	for _, l := range [][]uint64{info.Voters, info.Learners} {
+		b = binary.AppendUvarint(b, uint64(len(l)))
+		for _, n := range l {
+			b = binary.AppendUvarint(b, n)
+		}
+	}
+	return b
+}
+
+func decodeGroupInfo(b []byte) (GroupInfo, error) {
+	d := reader{b: b}
+	info := GroupInfo{Leader: d.uvarint()}
+	for _, l := range []*[]uint64{&info.Voters, &info.Learners} {
+		n := d.uvarint()
+		if n > uint64(len(b)) {
+			return info, errCorruptCall
+		}
+		for i := uint64(0); i < n; i++ {
+			*l = append(*l, d.uvarint())
+		}
+	}
+	return info, d.err
 }
 
 // ForwardClose returns the function a follower replica of partition id

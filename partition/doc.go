@@ -42,7 +42,17 @@
 // batch and the entry. It writes the index and version keys, the lease
 // index and the event log record of each write in one batch, and after the
 // batch commits publishes the revision's events (with prev_kv) and the new
-// closed revision to the node's Feed.
+// closed revision to the replica's feed subscriptions.
+//
+// # Feed subscriptions
+//
+// A Subscription (subscribe.go) delivers a replica's events from any
+// revision not compacted: a catch-up from the event log in a Pebble
+// snapshot, then live publishes, with no gap between them and at most a few
+// duplicates, which consumers drop by revision. The watch hubs of every
+// node consume them. A snapshot install or the replica's removal ends the
+// subscriptions; subscribers resubscribe from the closed revision they
+// hold.
 //
 // # Reads
 //

@@ -65,10 +65,10 @@ type RevEvents struct {
 	PrevValuesMissing bool
 }
 
-// Feed receives what a partition applies, in apply order, once it is
-// committed to Pebble: at most one revision of events (Rev 0 when none) and
-// the partition's closed revision after it. Publish runs on a raft worker
-// and must not block.
+// Feed receives what a partition applies through a Subscription, in apply
+// order, once it is committed to Pebble: at most one revision of events
+// (Rev 0 when none) and the partition's closed revision after it (0: no
+// change). Live publishes run on a raft worker and must not block.
 type Feed interface {
 	Publish(partition uint64, evs RevEvents, closed int64)
 }
@@ -116,7 +116,6 @@ type Config struct {
 	DB         *pebble.DB
 	Revisions  Revisions
 	Leases     Leases
-	Feed       Feed
 	Metrics    *Metrics
 	Logger     *slog.Logger
 	// ForwardClose, if set, asks the partition's leader elsewhere to close
@@ -142,7 +141,6 @@ type Partition struct {
 	db           *pebble.DB
 	revs         Revisions
 	leases       Leases
-	feed         Feed
 	metrics      *Metrics
 	log          *slog.Logger
 	group        *raftgroup.Group
@@ -170,6 +168,9 @@ type Partition struct {
 	nwaiting atomic.Int64
 	// compact is the applied compaction revision.
 	compact atomic.Int64
+	// initialized: the replica has its span (a replica added to the group
+	// gets it with its first snapshot).
+	initialized atomic.Bool
 
 	prop struct {
 		sync.Mutex
@@ -185,6 +186,15 @@ type Partition struct {
 	}
 
 	gc gcState
+
+	// subs are the feed subscriptions (subscribe.go); ptr is a snapshot of
+	// list for the apply path.
+	subs struct {
+		sync.Mutex
+		list   []*Subscription // protected by subs
+		closed bool            // protected by subs
+		ptr    atomic.Pointer[[]*Subscription]
+	}
 }
 
 // inflightWrite is a write that holds (or is about to get) a revision but
@@ -205,7 +215,7 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p := &Partition{
 		id: cfg.ID, start: cfg.Start, end: cfg.End, db: cfg.DB,
-		revs: cfg.Revisions, leases: cfg.Leases, feed: cfg.Feed, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose,
+		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose,
 		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
 		latches: newLatchManager(),
 	}
@@ -224,6 +234,7 @@ func New(cfg Config) (*Partition, error) {
 		return nil, err
 	}
 	p.closed.Store(p.sm.closed)
+	p.initialized.Store(p.start != nil || p.end != nil)
 	p.compact.Store(p.sm.compact)
 	p.gc.init(p)
 	return p, nil
@@ -238,8 +249,11 @@ func (p *Partition) Bind(g *raftgroup.Group) {
 	p.gc.start()
 }
 
-// Close stops background work.
-func (p *Partition) Close() { p.gc.stop() }
+// Close stops background work and ends the feed subscriptions.
+func (p *Partition) Close() {
+	p.endSubscriptions(true)
+	p.gc.stop()
+}
 
 // ID returns the partition's raft group ID.
 func (p *Partition) ID() uint64 { return p.id }
@@ -251,6 +265,10 @@ func (p *Partition) Span() (start, end []byte) { return p.start, p.end }
 func (p *Partition) Contains(key []byte) bool {
 	return bytes.Compare(key, p.start) >= 0 && (len(p.end) == 0 || bytes.Compare(key, p.end) < 0)
 }
+
+// Initialized reports whether the replica has its state (a replica added
+// to its group waits for a snapshot).
+func (p *Partition) Initialized() bool { return p.initialized.Load() }
 
 // Closed returns the applied closed revision.
 func (p *Partition) Closed() int64 { return p.closed.Load() }
@@ -290,9 +308,7 @@ func (p *Partition) published(evs RevEvents, closed int64) {
 	if evs.Rev != 0 {
 		p.metrics.writes.Inc()
 	}
-	if p.feed != nil {
-		p.feed.Publish(p.id, evs, closed)
-	}
+	p.publishToSubscribers(evs, closed)
 }
 
 // readWaiter is a reader waiting until its revision is readable here.

@@ -109,10 +109,16 @@ func openDB(t *testing.T) *pebble.DB {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{db: openDB(t), revs: newFakeRevs(), feed: &feedRecorder{}}
-	p, err := New(Config{ID: 100, DB: h.db, Revisions: h.revs, Leases: allLeases{}, Feed: h.feed})
+	p, err := New(Config{ID: 100, DB: h.db, Revisions: h.revs, Leases: allLeases{}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	sub, err := p.Subscribe(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Cancel)
+	sub.Live(h.feed)
 	h.p = p
 	h.sm = &recordingSM{Partition: p}
 	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, h.db, nil)

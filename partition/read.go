@@ -69,7 +69,12 @@ func (p *Partition) ReadTxn(ctx context.Context, rt *pb.TxnRequest, rev int64) (
 // with matching events are returned; more reports whether the scan stopped
 // early, in which case next is the first revision not returned.
 func (p *Partition) Events(from, to int64, key, end []byte, maxRevs int) (out []RevEvents, next int64, more bool, err error) {
-	it, err := p.db.NewIter(&pebble.IterOptions{
+	return p.eventsFrom(p.db, from, to, key, end, maxRevs)
+}
+
+// eventsFrom is Events reading r.
+func (p *Partition) eventsFrom(r pebble.Reader, from, to int64, key, end []byte, maxRevs int) (out []RevEvents, next int64, more bool, err error) {
+	it, err := r.NewIter(&pebble.IterOptions{
 		LowerBound: eventKey(p.id, from),
 		UpperBound: eventKey(p.id, to+1),
 	})
@@ -91,7 +96,7 @@ func (p *Partition) Events(from, to int64, key, end []byte, maxRevs int) (out []
 			if bytes.Compare(m.key, key) < 0 || len(end) != 0 && bytes.Compare(m.key, end) >= 0 {
 				continue
 			}
-			ev, err := p.eventAt(m, rev)
+			ev, err := eventAt(r, m, rev)
 			if err != nil {
 				return nil, 0, false, err
 			}
@@ -104,13 +109,13 @@ func (p *Partition) Events(from, to int64, key, end []byte, maxRevs int) (out []
 	return out, to + 1, false, it.Error()
 }
 
-// eventAt rebuilds the event of m at rev from the MVCC versions.
-func (p *Partition) eventAt(m mutation, rev int64) (*mvccpb.Event, error) {
+// eventAt rebuilds the event of m at rev from the MVCC versions in r.
+func eventAt(r pebble.Reader, m mutation, rev int64) (*mvccpb.Event, error) {
 	ev := &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: m.key, ModRevision: rev}}
 	if m.kind == mutDelete {
 		ev.Type = mvccpb.DELETE
 	} else {
-		v, closer, err := p.db.Get(versionKey(m.key, rev))
+		v, closer, err := r.Get(versionKey(m.key, rev))
 		if err != nil {
 			return nil, err
 		}
@@ -120,7 +125,7 @@ func (p *Partition) eventAt(m mutation, rev int64) (*mvccpb.Event, error) {
 			return nil, err
 		}
 	}
-	prev, err := versionAtOrBelow(p.db, m.key, rev-1, false)
+	prev, err := versionAtOrBelow(r, m.key, rev-1, false)
 	if err != nil {
 		return nil, err
 	}

@@ -148,8 +148,12 @@ func (p *Partition) SnapshotApplied() error {
 	}
 	p.round = make(map[string]meta)
 	p.closed.Store(max(p.closed.Load(), p.sm.closed))
+	p.initialized.Store(true)
 	p.compacted(p.sm.compact)
 	p.notifyProgress()
+	// Subscribers never saw the events the snapshot brought; they resubscribe
+	// from what they have and read them from the new event log.
+	p.endSubscriptions(false)
 	p.log.Info("installed snapshot", "start", fmt.Sprintf("%q", p.start), "end", fmt.Sprintf("%q", p.end), "closed", p.sm.closed)
 	return nil
 }

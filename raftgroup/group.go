@@ -74,6 +74,7 @@ type Status struct {
 	Commit      uint64
 	Applied     uint64
 	Voters      []uint64
+	Learners    []uint64
 }
 
 // Group is one raft group hosted on this node.
@@ -402,6 +403,7 @@ func (g *Group) publishStatus() {
 		Commit:      g.prevHard.Commit,
 		Applied:     g.applied,
 		Voters:      append([]uint64(nil), g.conf.Voters...),
+		Learners:    append([]uint64(nil), g.conf.Learners...),
 	})
 }
 

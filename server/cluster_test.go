@@ -96,12 +96,27 @@ func TestClusterServesFromEveryNode(t *testing.T) {
 // duplicate; watches on the other nodes resume on another node from the
 // last revision they saw and must see exactly the rest.
 func TestClusterLinearizableUnderNodeRestarts(t *testing.T) {
+	checkClusterUnderRestarts(t, 3, 3)
+}
+
+// TestClusterRemoteFeedsUnderNodeRestarts is the same check on 4 nodes
+// with 3 replicas per group: every node lacks replicas of some partitions,
+// so its watches merge feeds streamed from other nodes, which must
+// survive the restarts of the nodes serving them.
+func TestClusterRemoteFeedsUnderNodeRestarts(t *testing.T) {
+	checkClusterUnderRestarts(t, 4, 3)
+}
+
+func checkClusterUnderRestarts(t *testing.T, nodes, replicas int) {
 	seed := *concSeed
 	if seed == 0 {
 		seed = time.Now().UnixNano()
 	}
 	t.Logf("seed %d (rerun with -conc.seed=%d)", seed, seed)
-	c := testutil.StartCluster(t, 3, server.Config{InitialSplitPoints: concSplits})
+	c := testutil.StartCluster(t, nodes, server.Config{InitialSplitPoints: concSplits, Replicas: replicas})
+	if local, all := len(c.Nodes[0].Store().Partitions()), len(concSplits)+1; nodes > replicas && local == all {
+		t.Fatalf("node 1 has all %d partitions; the test needs it to lack some", all)
+	}
 	all := clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
 	newClient := func(eps ...string) *clientv3.Client {
 		cfg := all
@@ -127,6 +142,21 @@ func TestClusterLinearizableUnderNodeRestarts(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	// Watches need every node to know a leader (etcd's require-leader).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ready := true
+		for _, n := range c.Nodes {
+			ready = ready && n.HasLeader()
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("some node does not know a leader")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
 	ctx, stopWatches := context.WithCancel(context.Background())
 	var wwg sync.WaitGroup
 	ref := &history.Watch{Name: "reference@n1", Key: "\x00", End: "\x00", Start: 1, PrevKV: true}
@@ -147,7 +177,7 @@ func TestClusterLinearizableUnderNodeRestarts(t *testing.T) {
 		// A client of this node that fails over to another (clientv3 resumes
 		// the watch there from the last revision), and explicit resumption
 		// on other nodes if the stream ends.
-		clients := []*clientv3.Client{newClient(c.Endpoint(node), c.Endpoint((node+1)%3)), newClient(c.Endpoint(0))}
+		clients := []*clientv3.Client{newClient(c.Endpoint(node), c.Endpoint((node+1)%nodes)), newClient(c.Endpoint(0))}
 		wwg.Add(1)
 		go func() {
 			defer wwg.Done()
@@ -177,7 +207,7 @@ func TestClusterLinearizableUnderNodeRestarts(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 	for round := 0; round < 4; round++ {
 		time.Sleep(time.Duration(300+rng.Intn(700)) * time.Millisecond)
-		node := 1 + rng.Intn(2)
+		node := 1 + rng.Intn(nodes-1)
 		t.Logf("round %d: stopping n%d (it leads %v)", round, node+1, c.Nodes[node].Leading())
 		c.Stop(node)
 		time.Sleep(time.Duration(500+rng.Intn(1000)) * time.Millisecond)

@@ -169,7 +169,7 @@ func (s *Server) open() error {
 			closeFwd = append(closeFwd, fc)
 			p, err := partition.New(partition.Config{
 				ID: id, Start: []byte(start), End: end,
-				DB: db, Revisions: s.tso, Leases: s.meta, Feed: s.hub, Metrics: pm, Logger: s.log,
+				DB: db, Revisions: s.tso, Leases: s.meta, Metrics: pm, Logger: s.log,
 				ForwardClose: fc.forward,
 			})
 			if err != nil {
@@ -177,15 +177,22 @@ func (s *Server) open() error {
 			}
 			fc.id = id
 			s.parts = append(s.parts, p)
-			s.hub.AddPartition(p.ID(), p.Closed())
 			rt.Local = p
 		}
+		// The hub knows a local replica's closed revision; another node's
+		// comes with the feed.
+		closed := int64(0)
+		if rt.Local != nil {
+			closed = rt.Local.Closed()
+		}
+		s.hub.AddPartition(id, closed)
 		routes = append(routes, rt)
 	}
 	s.quota = newQuota(db, s.id.MemberID, cfg.QuotaBackendBytes)
 	if s.store, err = kvapi.NewStore(kvapi.Config{
 		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
 		RPC: s.rpc, LeaderHint: s.leaderHint, Logger: s.log, Quota: s.quota.check,
+		Groups: s.groupStatus, Alive: s.alive,
 	}); err != nil {
 		return err
 	}
@@ -202,8 +209,10 @@ func (s *Server) open() error {
 		s.meta.SetLeaderIndex(s.store.MetaReadIndex)
 	}
 	s.hub.SetSource(s.store)
-	// Events applied before a restart are in the event logs, not the hub.
+	// Events applied before a restart are in the event logs, not the hub:
+	// the partitions' feeds start at the TSO's recovered revision.
 	s.hub.SetHistoryStart(s.oracle.End() + 1)
+	s.store.StartFeeds(s.hub)
 
 	for _, g := range s.groupIDs() {
 		cs := initialConf(g, s.id.Members, s.id.Replicas)
@@ -288,6 +297,20 @@ func (s *Server) partitionByID(id uint64) *partition.Partition {
 		}
 	}
 	return nil
+}
+
+// groupStatus returns the status of this node's replica of group.
+func (s *Server) groupStatus(id uint64) (raftgroup.Status, bool) {
+	g := s.host.Group(id)
+	if g == nil {
+		return raftgroup.Status{}, false
+	}
+	return g.Status(), true
+}
+
+// alive reports whether node is believed up.
+func (s *Server) alive(node uint64) bool {
+	return s.membership == nil || node == s.id.MemberID || s.membership.Alive(node)
 }
 
 // leaderHint returns the node believed to lead group: this node's replica
@@ -458,6 +481,10 @@ func (s *Server) members() []*pb.Member {
 	}
 	return out
 }
+
+// HasLeader reports whether the node knows a leader of the meta group:
+// watches with etcd's require-leader metadata are served.
+func (s *Server) HasLeader() bool { return s.hasLeader() }
 
 // hasLeader reports whether the node knows a leader of the meta group (the
 // cluster can serve).
