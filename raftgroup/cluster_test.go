@@ -273,3 +273,45 @@ func TestReadIndexAndRestartAll(t *testing.T) {
 	}
 	_ = engine.MVCCPrefix
 }
+
+// TestStatusActiveDropsUnreachableReplica checks the leader's Status.Active:
+// every replica while all answer, and a replica cut off from the others
+// drops out within a few election timeouts while the leader keeps leading
+// (the leader balancer must not hand leadership to a node that just died).
+func TestStatusActiveDropsUnreachableReplica(t *testing.T) {
+	tr := NewMemTransport()
+	voters := []uint64{1, 2, 3}
+	var ns []*testNode
+	for _, id := range voters {
+		n := startNode(t, tr, id, vfs.NewMem(), voters)
+		defer n.stop(t, tr)
+		ns = append(ns, n)
+	}
+	leader := waitLeader(t, groupsOf(ns...)...)
+	propose(t, leader, 5)
+	lead := leader.Status().Lead
+	waitActive := func(want func([]uint64) bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if st := leader.Status(); st.IsLeader && want(st.Active) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		st := leader.Status()
+		t.Fatalf("%s: leader %v, active %v", what, st.IsLeader, st.Active)
+	}
+	waitActive(func(a []uint64) bool { return len(a) == 3 }, "all replicas answer")
+	var cut uint64
+	for _, id := range voters {
+		if id != lead {
+			cut = id
+			break
+		}
+	}
+	tr.SetFilter(func(from, to uint64, _ GroupMessage) bool { return from != cut && to != cut })
+	waitActive(func(a []uint64) bool { return len(a) == 2 && !slices.Contains(a, cut) }, "after cutting off a follower")
+	tr.SetFilter(nil)
+	waitActive(func(a []uint64) bool { return len(a) == 3 }, "after healing")
+}

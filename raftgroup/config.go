@@ -49,6 +49,9 @@ type Config struct {
 	// added here); the replica starts empty and is caught up by snapshot.
 	// It returns nil to refuse.
 	NewReplica func(group uint64) (StateMachine, error)
+	// TombstoneTTL is how long messages for a removed replica are dropped
+	// rather than re-creating it; default 10s.
+	TombstoneTTL time.Duration
 	// Logger is the structured logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the host's metrics; nil registers nothing.
@@ -89,6 +92,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.SnapshotTimeout == 0 {
 		c.SnapshotTimeout = 5 * time.Minute
+	}
+	if c.TombstoneTTL == 0 {
+		c.TombstoneTTL = 10 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

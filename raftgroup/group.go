@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // Errors returned to proposers.
@@ -75,6 +76,14 @@ type Status struct {
 	Applied     uint64
 	Voters      []uint64
 	Learners    []uint64
+	// Match is, on a leader of a group with learners, the highest log
+	// index known replicated on each replica (learner catch-up).
+	Match map[uint64]uint64
+	// Active is, on a leader, the replicas raft heard from recently (within
+	// the current election timeout; the leader included): a replica on a
+	// node that just died drops out within an election timeout, long
+	// before gossip declares the node dead.
+	Active []uint64
 }
 
 // Group is one raft group hosted on this node.
@@ -394,7 +403,24 @@ func (g *Group) publishStatus() {
 	g.gauges.leader.Set(leader)
 	g.gauges.term.Set(float64(g.term))
 	g.gauges.applied.Set(float64(g.applied))
+	var match map[uint64]uint64
+	var active []uint64
+	if g.isLeader {
+		if len(g.conf.Learners) > 0 {
+			match = make(map[uint64]uint64, len(g.conf.Voters)+len(g.conf.Learners))
+		}
+		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+			if match != nil {
+				match[id] = pr.Match
+			}
+			if pr.RecentActive || id == g.host.cfg.NodeID {
+				active = append(active, id)
+			}
+		})
+	}
 	g.status.Store(&Status{
+		Match:       match,
+		Active:      active,
 		ID:          g.id,
 		Term:        g.term,
 		Lead:        g.lead,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +29,8 @@ type Host struct {
 
 	mu struct {
 		sync.RWMutex
-		groups  map[uint64]*Group   // protected by mu
-		removed map[uint64]struct{} // groups removed here; protected by mu
+		groups  map[uint64]*Group    // protected by mu
+		removed map[uint64]time.Time // groups removed here, and when; protected by mu
 	}
 	stopOnce sync.Once
 	stopc    chan struct{}
@@ -64,7 +65,7 @@ func NewHost(cfg Config, db *pebble.DB, t Transport) (*Host, error) {
 		stopc: make(chan struct{}),
 	}
 	h.mu.groups = make(map[uint64]*Group)
-	h.mu.removed = make(map[uint64]struct{})
+	h.mu.removed = make(map[uint64]time.Time)
 	h.fatal = func(err error) {
 		h.log.Error("fatal storage error; stopping", "err", err)
 		panic(err)
@@ -135,12 +136,19 @@ func (h *Host) CreateGroupConf(id uint64, boot *raftpb.ConfState, sm StateMachin
 		return nil, fmt.Errorf("raftgroup: group %d already exists", id)
 	}
 	delete(h.mu.removed, id)
-	return h.createGroupLocked(id, boot, sm)
+	return h.createGroupLocked(id, boot, sm, false)
+}
+
+// Binder is implemented by state machines that need their group: a
+// replica created by Config.NewReplica is bound before it runs.
+type Binder interface {
+	Bind(g *Group)
 }
 
 // createGroupLocked creates a group; boot nil with no persisted state
-// makes an uninitialized replica, which waits for a snapshot.
-func (h *Host) createGroupLocked(id uint64, boot *raftpb.ConfState, sm StateMachine) (*Group, error) {
+// makes an uninitialized replica, which waits for a snapshot. With bind,
+// a Binder state machine is bound before the group first runs.
+func (h *Host) createGroupLocked(id uint64, boot *raftpb.ConfState, sm StateMachine, bind bool) (*Group, error) {
 	st, err := loadState(h.db, id)
 	if err != nil {
 		return nil, err
@@ -190,6 +198,9 @@ func (h *Host) createGroupLocked(id uint64, boot *raftpb.ConfState, sm StateMach
 	g.waiters.m = make(map[uint64]*waiter)
 	g.publishStatus()
 	h.mu.groups[id] = g
+	if b, ok := sm.(Binder); ok && bind {
+		b.Bind(g)
+	}
 	if len(st.conf.Voters) == 1 && st.conf.Voters[0] == h.cfg.NodeID {
 		g.inbox.campaign = true
 	}
@@ -220,7 +231,7 @@ func (h *Host) groupOrCreate(id uint64) (*Group, error) {
 		return nil, err
 	}
 	h.log.Info("creating a replica for a peer's message", "group", id)
-	return h.createGroupLocked(id, nil, sm)
+	return h.createGroupLocked(id, nil, sm, true)
 }
 
 func (h *Host) runTicker() {
@@ -243,19 +254,24 @@ func (h *Host) runTicker() {
 	}
 }
 
+// isRemovedLocked reports whether group id was removed here recently
+// (Config.TombstoneTTL): messages still in flight for the removed replica
+// must not re-create it. Later, a leader that adds this node back
+// creates a fresh replica.
 func (h *Host) isRemovedLocked(id uint64) bool {
-	_, ok := h.mu.removed[id]
-	return ok
+	at, ok := h.mu.removed[id]
+	return ok && time.Since(at) < h.cfg.TombstoneTTL
 }
 
 // RemoveGroup stops hosting group id and deletes its state (raft and, if
 // the state machine is a Snapshotter, replicated state). Messages for it
-// are dropped from then on (until CreateGroup hosts it again).
+// are dropped for Config.TombstoneTTL (or until CreateGroup hosts it
+// again).
 func (h *Host) RemoveGroup(id uint64) error {
 	h.mu.Lock()
 	g := h.mu.groups[id]
 	delete(h.mu.groups, id)
-	h.mu.removed[id] = struct{}{}
+	h.mu.removed[id] = time.Now()
 	h.mu.Unlock()
 	if g == nil {
 		return nil
@@ -297,12 +313,19 @@ func (h *Host) ReportUnreachable(group, node uint64) {
 	h.sched.enqueue(g)
 }
 
-// Deliver hands inbound raft messages to their groups. A message for a
-// group not hosted here creates its replica (see Config.NewReplica) or is
-// dropped.
+// Deliver hands inbound raft messages to their groups. A leader's message
+// for a group not hosted here creates its replica (see Config.NewReplica);
+// other messages for such groups are dropped.
 func (h *Host) Deliver(msgs []GroupMessage) {
 	for _, m := range msgs {
-		g, err := h.groupOrCreate(m.Group)
+		var g *Group
+		var err error
+		switch m.Msg.Type {
+		case raftpb.MsgApp, raftpb.MsgHeartbeat, raftpb.MsgSnap:
+			g, err = h.groupOrCreate(m.Group)
+		default:
+			g = h.Group(m.Group)
+		}
 		if err != nil {
 			h.log.Warn("cannot create replica", "group", m.Group, "err", err)
 		}
@@ -356,7 +379,7 @@ func (h *Host) processRound(gs []*Group) {
 	// the state machine reloads before it applies the entries after it.
 	for i := range items {
 		if it := &items[i]; !raft.IsEmptySnap(it.rd.Snapshot) {
-			if err := h.installSnapshot(it.g, it.rd.Snapshot); err != nil {
+			if err := h.installSnapshot(it.g, it.rd.Snapshot, it.rd.HardState); err != nil {
 				h.fatal(err)
 				return
 			}
@@ -447,6 +470,9 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 		g.lead = ss.Lead
 		wasLeader := g.isLeader
 		g.isLeader = ss.RaftState == raft.StateLeader
+		if wasLeader != g.isLeader {
+			h.log.Info("raft leadership changed", "group", g.id, "leader", g.isLeader, "term", g.term, "lead", strconv.FormatUint(ss.Lead, 16))
+		}
 		if wasLeader && !g.isLeader {
 			g.leaderReady = false
 			g.failAllWaiters(ErrLeaderChanged)

@@ -231,11 +231,22 @@ func (h *Host) snapshotApplied(g *Group, snap raftpb.Snapshot) error {
 
 // installSnapshot writes an accepted snapshot (and the Ready's hard state)
 // in its own synced batch and reloads the group.
-func (h *Host) installSnapshot(g *Group, snap raftpb.Snapshot) error {
+func (h *Host) installSnapshot(g *Group, snap raftpb.Snapshot, hs raftpb.HardState) error {
 	b := h.db.NewBatch()
 	defer b.Close()
 	if err := h.applySnapshot(b, g, snap); err != nil {
 		return err
+	}
+	// The hard state that came with the snapshot (its commit index is at
+	// least the snapshot's) goes in the same batch: a crash between the
+	// two would leave a commit index below the log's first index, which
+	// raft refuses to load.
+	if !raft.IsEmptyHardState(hs) {
+		// Entries after the snapshot are persisted later in the round.
+		hs.Commit = min(hs.Commit, snap.Metadata.Index)
+		if err := setProto(b, raftKey(g.id, kindHardState), &hs); err != nil {
+			return err
+		}
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("raftgroup: install snapshot: %w", err)

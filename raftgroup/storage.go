@@ -98,6 +98,15 @@ func loadState(db *pebble.DB, group uint64) (*persistedState, error) {
 		// A snapshot was applied: it is the applied state.
 		st.applied = st.truncIdx
 	}
+	// A snapshot is committed by definition. Data written before the hard
+	// state was saved with the snapshot can hold a commit index (and term)
+	// below it, which raft refuses to load.
+	if st.hard.Commit < st.truncIdx {
+		st.hard.Commit = st.truncIdx
+	}
+	if st.hard.Term < st.truncTerm {
+		st.hard.Term, st.hard.Vote = st.truncTerm, 0
+	}
 	iter, err := db.NewIter(&pebble.IterOptions{
 		LowerBound: logKey(group, st.truncIdx+1),
 		UpperBound: engine.PrefixEnd(raftKey(group, kindLog)),
@@ -224,4 +233,14 @@ func newMemoryStorage(st *persistedState) (*raft.MemoryStorage, error) {
 		}
 	}
 	return ms, nil
+}
+
+// HasState reports whether db holds raft state for group: the node has a
+// replica of it (bootstrapped, or added and not removed).
+func HasState(db *pebble.DB, group uint64) (bool, error) {
+	st, err := loadState(db, group)
+	if err != nil {
+		return false, err
+	}
+	return st.exists, nil
 }
