@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/brainkv/brain/engine"
+	"github.com/brainkv/brain/internal/bugs"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -97,14 +98,18 @@ func (p *Partition) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, data []by
 		return applyResult{reject: rejectMalformed}
 	}
 	if c.term != e.Term {
+		if c.kind == cmdWrite {
+			p.log.Info("write of an earlier leader term rejected", "rev", c.rev, "term", c.term, "entry-term", e.Term, "index", e.Index)
+		}
 		p.metrics.rejected.WithLabelValues("stale_term").Inc()
 		return applyResult{reject: rejectStaleTerm}
 	}
 	b := ac.Batch
 	switch c.kind {
 	case cmdWrite:
-		if c.rev <= p.sm.closed {
+		if c.rev <= p.sm.closed && !bugs.On("write-below-closed") {
 			// Invariant 4: nothing at or below the closed revision applies.
+			p.log.Info("write at or below the closed revision rejected", "rev", c.rev, "closed", p.sm.closed, "index", e.Index)
 			p.metrics.rejected.WithLabelValues("closed").Inc()
 			return applyResult{reject: rejectClosed}
 		}

@@ -9,14 +9,23 @@
 //  1. latches what it reads and writes (latch.go), so no other write to
 //     those keys is between evaluation and apply;
 //  2. evaluates as etcd would (eval.go). If nothing would change (a failed
-//     compare, a delete of nothing) it returns without a revision: reads and
-//     failed compares consume none;
+//     compare, a delete of nothing) or a check refuses it, the answer is a
+//     read: reads and failed compares consume no revision, and, since this
+//     replica may be a leader deposed without knowing it (paused,
+//     partitioned) whose state lacks its successor's writes, the answer is
+//     evaluated again at the TSO's current revision once that is closed
+//     here (a linearizable read); if that evaluation would write, the write
+//     starts over;
 //  3. registers as in flight with a lower bound, the TSO's current revision
 //     (its revision will be above it), then asks the TSO for a revision;
 //  4. re-evaluates at that revision and proposes the resulting mutations,
 //     stamped with the leader's term and with the closed revision computed
 //     at that moment, and leaves the in-flight set;
-//  5. waits for apply, and releases its latches.
+//  5. waits for apply, and releases its latches. It waits for the
+//     command's fate even when its caller gave up: releasing the latches
+//     while the command is in the log would let the next request on those
+//     keys evaluate a state the command then changes (two creates of one
+//     key would both succeed).
 //
 // # Closed revisions
 //

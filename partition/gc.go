@@ -197,7 +197,12 @@ func (p *Partition) collect(rev int64) error {
 			continue
 		}
 		if !bytes.Equal(pre, prefix) {
-			return errCorrupt
+			// Versions without an index record: the leader purged the
+			// key (a tombstone at or below the compaction revision, see
+			// cmdPurge) before this replica collected its versions, which
+			// are all garbage then.
+			prefix = append(prefix[:0], pre...)
+			idxTomb, idxMod, keptBelow = true, 0, true
 		}
 		vrev := int64(^suffix)
 		if vrev > rev {

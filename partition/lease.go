@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/brainkv/brain/engine"
+	"github.com/brainkv/brain/internal/bugs"
 	"github.com/cockroachdb/pebble/v2"
 )
 
@@ -71,6 +72,9 @@ func (p *Partition) DeleteByLease(ctx context.Context, id int64) (int, int64, er
 		if missing {
 			p.latches.release(g)
 			continue
+		}
+		if bugs.On("lease-keeps-key") && len(keys) > 1 {
+			keys = keys[:len(keys)-1]
 		}
 		n, rev, err := p.deleteKeysLatched(ctx, keys)
 		p.latches.release(g)

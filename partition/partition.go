@@ -11,7 +11,9 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/brainkv/brain/internal/bugs"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,10 +77,11 @@ type Feed interface {
 
 // Metrics are shared by all partitions of a node.
 type Metrics struct {
-	rejected  *prometheus.CounterVec
-	closedLag *prometheus.GaugeVec
-	writes    prometheus.Counter
-	retries   prometheus.Counter
+	rejected   *prometheus.CounterVec
+	closedLag  *prometheus.GaugeVec
+	writes     prometheus.Counter
+	retries    prometheus.Counter
+	lateWrites prometheus.Counter
 }
 
 // NewMetrics creates and registers (if reg is not nil) partition metrics.
@@ -98,9 +101,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_partition_write_retries_total", Help: "Writes re-proposed with a new revision after an apply rejection.",
 		}),
+		lateWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_partition_abandoned_writes_total", Help: "Writes whose caller gave up while their command was in the log (their latches stay held until it applies or fails).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.rejected, m.closedLag, m.writes, m.retries)
+		reg.MustRegister(m.rejected, m.closedLag, m.writes, m.retries, m.lateWrites)
 	}
 	return m
 }
@@ -110,8 +116,9 @@ type Config struct {
 	// ID is the raft group ID.
 	ID uint64
 	// Start and End bound the partition's user keys: [Start, End). An empty
-	// End means no upper bound. Both nil: a new replica whose span comes
-	// with its first snapshot.
+	// End means no upper bound. Both nil: the span persisted by an earlier
+	// start or snapshot, or, if none, a new replica whose span comes with
+	// its first snapshot.
 	Start, End []byte
 	DB         *pebble.DB
 	Revisions  Revisions
@@ -183,6 +190,10 @@ type Partition struct {
 		lastClosed int64 // highest closed revision proposed; protected by prop
 		demand     int64 // highest revision a reader waits to see closed; protected by prop
 		closing    bool  // a close command is in flight; protected by prop
+		// drainTerm: in this leader term a planned leadership transfer
+		// waits for the writes in flight, and new writes are refused
+		// before they take a revision (PrepareTransfer); protected by prop.
+		drainTerm uint64
 	}
 
 	gc gcState
@@ -234,7 +245,6 @@ func New(cfg Config) (*Partition, error) {
 		return nil, err
 	}
 	p.closed.Store(p.sm.closed)
-	p.initialized.Store(p.start != nil || p.end != nil)
 	p.compact.Store(p.sm.compact)
 	p.gc.init(p)
 	return p, nil
@@ -475,11 +485,53 @@ func (p *Partition) maybeCloseLocked() {
 	})
 }
 
+// PrepareTransfer readies a planned leadership transfer: new writes are
+// refused with ErrNotLeader before they take a revision (the gateway
+// retries them at the next leader), and it returns once every write that
+// took one has applied here. A transfer prepared this way leaves no gap in
+// the revisions and fails no client's write. Call Resume if the transfer
+// does not happen; a new leadership term resumes by itself.
+func (p *Partition) PrepareTransfer(ctx context.Context) error {
+	p.prop.Lock()
+	if !p.prop.ready {
+		p.prop.Unlock()
+		return ErrNotLeader
+	}
+	term := p.prop.term
+	p.prop.drainTerm = term
+	p.prop.Unlock()
+	for {
+		p.prop.Lock()
+		still := p.prop.ready && p.prop.term == term
+		drained := p.prop.inflight.Len() == 0 && len(p.prop.unapplied) == 0
+		p.prop.Unlock()
+		switch {
+		case !still:
+			return ErrNotLeader
+		case drained:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			p.Resume()
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// Resume lets a leader drained by PrepareTransfer accept writes again.
+func (p *Partition) Resume() {
+	p.prop.Lock()
+	p.prop.drainTerm = 0
+	p.prop.Unlock()
+}
+
 // register records a write about to ask the TSO for a revision.
 func (p *Partition) register() (*inflightWrite, uint64, error) {
 	p.prop.Lock()
 	defer p.prop.Unlock()
-	if !p.prop.ready {
+	if !p.prop.ready || p.prop.drainTerm == p.prop.term {
 		return nil, 0, ErrNotLeader
 	}
 	w := &inflightWrite{lowerBound: p.revs.Current()}
@@ -509,6 +561,9 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 		return applyResult{}, ErrNotLeader
 	}
 	c := p.closeCandidateLocked()
+	if bugs.On("write-below-closed") {
+		c = rev + 1
+	}
 	setClosed(cmd, c)
 	p.prop.lastClosed = max(p.prop.lastClosed, c)
 	p.prop.unapplied[rev]++
@@ -534,13 +589,32 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 	})
 	p.maybeCloseLocked()
 	p.prop.Unlock()
+	// Wait for the command's fate even when the caller gives up: the
+	// caller's latches must stay held until it applied or failed, or a
+	// later request on the same keys would evaluate (compare, read) a
+	// state the command then changes under it. The fate is known within
+	// about an election timeout: a leader that cannot commit steps down
+	// (CheckQuorum) and fails its proposals.
 	select {
 	case <-done:
 		return res, perr
 	case <-ctx.Done():
+	}
+	p.metrics.lateWrites.Inc()
+	select {
+	case <-done:
+		// Applied or failed; its caller is gone and learns nothing.
+		return res, ctx.Err()
+	case <-time.After(lateWriteBound):
+		p.log.Error("a write's command neither applied nor failed in time; releasing its latches", "rev", rev, "bound", lateWriteBound)
 		return applyResult{}, ctx.Err()
 	}
 }
+
+// lateWriteBound bounds how long a write whose caller gave up waits for its
+// command's fate before releasing its latches anyway (it should never be
+// reached: leadership loss fails proposals within an election timeout).
+const lateWriteBound = 30 * time.Second
 
 // Txn evaluates and applies rt, which must only touch this partition's
 // keys. It is called on the leader.
@@ -561,15 +635,35 @@ func (p *Partition) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse
 	defer p.latches.release(g)
 	for attempt := 0; ; attempt++ {
 		resp, err := p.txnLatched(ctx, rt)
-		if err == errRetry && attempt < 3 {
-			p.metrics.retries.Inc()
-			continue
+		if err == errRetry {
+			if attempt < 3 {
+				p.metrics.retries.Inc()
+				continue
+			}
+			err = ErrRetriesExhausted
 		}
 		return resp, err
 	}
 }
 
 var errRetry = errors.New("partition: retry with a new revision")
+
+// ErrRetriesExhausted: a write's revision was refused (at or below the
+// closed revision, as after a leader change) on every attempt. The write
+// was not applied; the client may retry it (etcdcompat answers etcd's
+// retryable "request timed out", code Unavailable).
+var ErrRetriesExhausted = errors.New("partition: no usable revision after 4 attempts")
+
+// freshClosed returns the TSO's current revision once it is closed here:
+// state read at it is linearizable, whether or not this replica still
+// leads.
+func (p *Partition) freshClosed(ctx context.Context) (int64, error) {
+	fresh, err := p.revs.Fresh(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return fresh, p.WaitClosed(ctx, fresh)
+}
 
 func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
 	if !p.IsLeader() {
@@ -583,7 +677,18 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	dry := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: cur, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
 	path, writes, err := dry.precheck(rt)
 	if err != nil {
-		return nil, err
+		// A refusal is an answer from this replica's state too, which may
+		// be stale (see below): confirm it at the current revision.
+		fresh, ferr := p.freshClosed(ctx)
+		if ferr != nil {
+			return nil, ferr
+		}
+		again := &view{r: p.db, index: p.index, readRev: fresh, beginRev: fresh, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
+		if _, _, err := again.precheck(rt); err != nil {
+			return nil, err
+		}
+		p.metrics.retries.Inc()
+		return nil, errRetry
 	}
 	var resp *pb.TxnResponse
 	if !writes {
@@ -592,19 +697,25 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 			return nil, err
 		}
 		if len(dry.changes) == 0 {
-			// Nothing to write, so no revision: the header must still be
-			// the current revision (DESIGN invariant 3), which only the TSO
-			// knows for sure. The latches keep the state; evaluate again at
-			// it if the revision this node knew was behind.
-			fresh, err := p.revs.Fresh(ctx)
+			// Nothing to write, so no revision: the answer is a read and
+			// must be linearizable. This replica may be a leader that was
+			// deposed without knowing it (paused, partitioned), whose state
+			// lacks writes its successor acknowledged, so the dry run
+			// proves nothing: read at the TSO's current revision (the
+			// header must be it anyway, DESIGN invariant 3) once it is
+			// closed here. If that read would write, the dry run saw a
+			// stale state: start over.
+			fresh, err := p.freshClosed(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if fresh > cur {
-				again := &view{r: p.db, index: p.index, readRev: latestRev, beginRev: fresh, compactRev: dry.compactRev, leaseOK: p.leases.LeaseUsable}
-				return again.evalTxn(rt)
+			again := &view{r: p.db, index: p.index, readRev: fresh, beginRev: fresh, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
+			resp, err := again.evalTxn(rt)
+			if err == nil && len(again.changes) > 0 {
+				p.metrics.retries.Inc()
+				return nil, errRetry
 			}
-			return resp, nil
+			return resp, err
 		}
 	}
 	w, term, err := p.register()

@@ -35,6 +35,7 @@ func (p *Partition) loadSpan(configured bool) error {
 	v, closer, err := p.db.Get(p.spanKey())
 	if err == pebble.ErrNotFound {
 		if configured {
+			p.initialized.Store(true)
 			return p.db.Set(p.spanKey(), encodeSpan(p.start, p.end), pebble.Sync)
 		}
 		return nil
@@ -51,6 +52,7 @@ func (p *Partition) loadSpan(configured bool) error {
 		return fmt.Errorf("partition %d: persisted span [%q, %q) differs from the configured [%q, %q)", p.id, start, end, p.start, p.end)
 	}
 	p.start, p.end = start, end
+	p.initialized.Store(true)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/engine"
+	"github.com/brainkv/brain/internal/bugs"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +48,7 @@ type Oracle struct {
 	cfg     Config
 	db      *pebble.DB
 	groupID uint64
-	group   *raftgroup.Group
+	group   atomic.Pointer[raftgroup.Group] // nil until this node has a replica
 	log     *slog.Logger
 
 	// end is the applied window end W; written by Apply (worker goroutine).
@@ -64,6 +65,16 @@ type Oracle struct {
 		extending bool          // an extension is in flight; protected by mu
 		changed   chan struct{} // closed when end or leadership changes
 		closed    bool
+		// pausedTerm: issuing is paused in this leader term for a
+		// leadership transfer (PrepareTransfer); protected by mu.
+		pausedTerm uint64
+		// barrier: after a Resume, nothing is issued until an extension
+		// proposed after it has applied. A shrink PrepareTransfer proposed
+		// may still commit after Resume (its proposal timed out, not
+		// failed); the extension orders after it in the log, so the
+		// window a next leader starts from covers what was issued.
+		// Protected by mu.
+		barrier bool
 	}
 	// conf batches leadership confirmations.
 	conf struct {
@@ -108,7 +119,7 @@ func New(cfg Config, db *pebble.DB, groupID uint64) (*Oracle, error) {
 }
 
 // Bind attaches the oracle to its raft group.
-func (o *Oracle) Bind(g *raftgroup.Group) { o.group = g }
+func (o *Oracle) Bind(g *raftgroup.Group) { o.group.Store(g) }
 
 func (o *Oracle) stateKey() []byte { return engine.GroupKey(o.groupID, "tso") }
 
@@ -124,7 +135,7 @@ func (o *Oracle) Current() int64 { return o.current.Load() }
 func (o *Oracle) Serving() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.mu.leader && !o.mu.closed
+	return o.mu.leader && !o.mu.closed && o.mu.pausedTerm != o.mu.term
 }
 
 // ConfirmedCurrent returns Current after confirming, with a quorum, that
@@ -144,7 +155,7 @@ func (o *Oracle) ConfirmedCurrent(ctx context.Context) (int64, error) {
 // moment after confirm was called (a ReadIndex round, shared by all the
 // callers that arrived before it started). A sole voter needs none.
 func (o *Oracle) confirm(ctx context.Context) error {
-	if o.group.SoleVoter() {
+	if o.group.Load().SoleVoter() {
 		return nil
 	}
 	ch := make(chan error, 1)
@@ -178,7 +189,7 @@ func (o *Oracle) confirmRounds() {
 		}
 		o.conf.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := o.group.ReadIndex(ctx)
+		_, err := o.group.Load().ReadIndex(ctx)
 		cancel()
 		o.batch.Observe(float64(len(batch)))
 		for _, ch := range batch {
@@ -199,12 +210,12 @@ func (o *Oracle) Next(ctx context.Context, n int64) (int64, error) {
 	}
 	o.mu.Lock()
 	for {
-		if o.mu.closed || !o.mu.leader {
+		if o.mu.closed || !o.mu.leader || o.mu.pausedTerm == o.mu.term {
 			o.mu.Unlock()
 			return 0, ErrNotLeader
 		}
 		end := o.end.Load()
-		if o.mu.next+n-1 <= end {
+		if !o.mu.barrier && o.mu.next+n-1 <= end {
 			first := o.mu.next
 			o.mu.next += n
 			o.current.Store(o.mu.next - 1)
@@ -235,12 +246,18 @@ func (o *Oracle) extendLocked(from int64) {
 	o.mu.extending = true
 	o.extends.Inc()
 	cmd := encodeCmd(cmdExtend, o.mu.term, from+o.cfg.WindowSize)
-	o.group.ProposeAsync(cmd, func(_ any, err error) {
+	// No shrink is in flight behind an extension proposed under the
+	// barrier (Resume lifts the pause only after PrepareTransfer's shrink
+	// was proposed, and none is proposed while issuing), so once it has
+	// applied the barrier can go.
+	lifts := o.mu.barrier
+	o.group.Load().ProposeAsync(cmd, func(_ any, err error) {
 		o.mu.Lock()
 		o.mu.extending = false
-		if err != nil {
-			o.notifyLocked()
+		if err == nil && lifts {
+			o.mu.barrier = false
 		}
+		o.notifyLocked()
 		o.mu.Unlock()
 	})
 }
@@ -265,8 +282,56 @@ func (o *Oracle) Close(ctx context.Context) error {
 	if !leader {
 		return nil
 	}
-	_, err := o.group.Propose(ctx, encodeCmd(cmdShrink, term, last))
+	_, err := o.group.Load().Propose(ctx, encodeCmd(cmdShrink, term, last))
 	return err
+}
+
+// PrepareTransfer readies a planned leadership transfer: this leader stops
+// issuing and shrinks the window to the last revision it issued, so the
+// next leader continues the sequence without a gap (a failover, by
+// contrast, skips the rest of the window). Call Resume if the transfer
+// does not happen; a new leadership term resumes by itself.
+func (o *Oracle) PrepareTransfer(ctx context.Context) error {
+	o.mu.Lock()
+	if !o.mu.leader || o.mu.closed {
+		o.mu.Unlock()
+		return ErrNotLeader
+	}
+	term := o.mu.term
+	o.mu.pausedTerm = term
+	o.notifyLocked()
+	// An extension in flight would re-extend the window after the shrink.
+	for o.mu.extending {
+		ch := o.mu.changed
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			o.Resume()
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+		o.mu.Lock()
+	}
+	last := o.mu.next - 1
+	o.mu.Unlock()
+	if _, err := o.group.Load().Propose(ctx, encodeCmd(cmdShrink, term, last)); err != nil {
+		o.Resume()
+		return err
+	}
+	return nil
+}
+
+// Resume lets a leader paused by PrepareTransfer issue again, once an
+// extension proposed now has applied (see barrier).
+func (o *Oracle) Resume() {
+	o.mu.Lock()
+	if o.mu.pausedTerm != 0 {
+		o.mu.barrier = true
+	}
+	o.mu.pausedTerm = 0
+	o.notifyLocked()
+	o.mu.Unlock()
 }
 
 // Commands.
@@ -311,6 +376,9 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 		panic(err)
 	}
 	ac.AfterCommit(func() {
+		if kind == cmdShrink {
+			o.log.Info("tso window shrunk for a planned transfer", "term", term, "end", next)
+		}
 		o.end.Store(next)
 		o.mu.Lock()
 		o.notifyLocked()
@@ -324,8 +392,16 @@ func (o *Oracle) LeadershipChanged(leader bool, term uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.mu.leader, o.mu.term = leader, term
+	// A new term starts from the applied window, which orders after any
+	// shrink of an earlier term.
+	o.mu.barrier = false
 	if leader {
 		o.mu.next = o.end.Load() + 1
+		if bugs.On("reuse-revision") {
+			// Two windows below the end is below what the last leader
+			// issued, whether its window was shrunk or not.
+			o.mu.next = max(InitialRevision+1, o.mu.next-2*o.cfg.WindowSize)
+		}
 		o.current.Store(o.mu.next - 1)
 		o.log.Info("tso leader ready", "term", term, "next", o.mu.next)
 	}

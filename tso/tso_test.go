@@ -130,3 +130,42 @@ func TestRestartAfterCrashAndAfterCleanStop(t *testing.T) {
 		t.Fatalf("after a clean stop at %d, next revision %d", last, r)
 	}
 }
+
+// TestResumeAfterTimedOutShrink: a planned transfer whose shrink proposal
+// times out resumes issuing while the shrink may still commit. Nothing the
+// leader issues after resuming may lie above the window a next leader
+// starts from (here, the same replica after a crash).
+func TestResumeAfterTimedOutShrink(t *testing.T) {
+	fs := vfs.NewMem()
+	n := start(t, fs, 1000)
+	for i := 0; i < 10; i++ {
+		if _, err := n.o.Next(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // no extension in flight
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := n.o.PrepareTransfer(ctx); err == nil {
+		t.Fatal("PrepareTransfer with a done context succeeded")
+	}
+	var last int64
+	for i := 0; i < 5; i++ {
+		r, err := n.o.Next(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r
+	}
+	time.Sleep(100 * time.Millisecond) // the shrink has applied by now
+	n.stop(t, false)
+	n = start(t, fs, 1000)
+	defer n.stop(t, true)
+	r, err := n.o.Next(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r <= last {
+		t.Fatalf("after resuming, revision %d was issued; the next leader issued %d again", last, r)
+	}
+}
