@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brainkv/brain/engine"
@@ -25,6 +26,9 @@ var (
 	ErrLeaseTTLTooLarge = errors.New("meta: lease TTL too large")
 	ErrNotLeader        = errors.New("meta: not leader")
 	ErrStaleTerm        = errors.New("meta: command from a stale leader term")
+	// ErrNoReplica: this node has no meta replica yet (it joined and is
+	// being added).
+	ErrNoReplica = errors.New("meta: no replica on this node yet")
 )
 
 // MaxLeaseTTL is etcd's largest lease TTL in seconds.
@@ -52,7 +56,7 @@ type Meta struct {
 	cfg   Config
 	id    uint64
 	db    *pebble.DB
-	group *raftgroup.Group
+	group atomic.Pointer[raftgroup.Group] // nil until this node has a replica
 	log   *slog.Logger
 
 	// leaderIndex returns the meta group's commit index, confirmed by its
@@ -64,6 +68,7 @@ type Meta struct {
 		leases  map[int64]*lease // protected by mu
 		compact int64            // -1 until the first compaction; protected by mu
 		alarms  map[alarmKey]bool
+		members map[uint64]Member // members added after the cluster started
 		leader  bool
 		term    uint64
 	}
@@ -88,6 +93,7 @@ func New(cfg Config, db *pebble.DB, id uint64) (*Meta, error) {
 	m := &Meta{cfg: cfg, id: id, db: db, log: cfg.Logger.With("component", "meta")}
 	m.mu.leases = make(map[int64]*lease)
 	m.mu.alarms = make(map[alarmKey]bool)
+	m.mu.members = make(map[uint64]Member)
 	// As in etcd, a store never compacted has compaction revision -1, so
 	// compacting at revision 0 or 1 is allowed once.
 	m.mu.compact = -1
@@ -98,7 +104,7 @@ func New(cfg Config, db *pebble.DB, id uint64) (*Meta, error) {
 }
 
 // Bind attaches the state machine to its raft group.
-func (m *Meta) Bind(g *raftgroup.Group) { m.group = g }
+func (m *Meta) Bind(g *raftgroup.Group) { m.group.Store(g) }
 
 // SetLeaderIndex sets how to learn the meta group's confirmed commit index
 // when this replica does not lead (a call to the leader's node).
@@ -106,22 +112,32 @@ func (m *Meta) SetLeaderIndex(f func(ctx context.Context) (uint64, error)) { m.l
 
 // ReadIndex returns the meta group's commit index, confirmed by this
 // replica as leader.
-func (m *Meta) ReadIndex(ctx context.Context) (uint64, error) { return m.group.ReadIndex(ctx) }
+func (m *Meta) ReadIndex(ctx context.Context) (uint64, error) {
+	g := m.group.Load()
+	if g == nil {
+		return 0, ErrNotLeader
+	}
+	return g.ReadIndex(ctx)
+}
 
 // Refresh implements partition.Leases: it waits until this replica has
 // applied every meta change committed before the call.
 func (m *Meta) Refresh(ctx context.Context) error {
+	g := m.group.Load()
+	if g == nil {
+		return ErrNoReplica
+	}
 	var idx uint64
 	var err error
 	if m.IsLeader() || m.leaderIndex == nil {
-		idx, err = m.group.ReadIndex(ctx)
+		idx, err = g.ReadIndex(ctx)
 	} else {
 		idx, err = m.leaderIndex(ctx)
 	}
 	if err != nil {
 		return err
 	}
-	for m.group.AppliedIndex() < idx {
+	for g.AppliedIndex() < idx {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -178,7 +194,10 @@ func (m *Meta) loadLocked() error {
 		k := it.Key()[len(prefix):]
 		m.mu.alarms[alarmKey{binary.BigEndian.Uint64(k), pb.AlarmType(binary.BigEndian.Uint32(k[8:]))}] = true
 	}
-	return it.Close()
+	if err := it.Close(); err != nil {
+		return err
+	}
+	return m.loadMembersLocked()
 }
 
 // Commands.
@@ -188,6 +207,7 @@ const (
 	cmdRevokeDone  byte = 3
 	cmdCompact     byte = 4
 	cmdAlarm       byte = 5
+	cmdMember      byte = 6 // payload: a JSON Member (members.go)
 )
 
 type result struct{ err error }
@@ -204,7 +224,7 @@ func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
 	for _, a := range args {
 		b = binary.BigEndian.AppendUint64(b, a)
 	}
-	res, err := m.group.Propose(ctx, b)
+	res, err := m.group.Load().Propose(ctx, b)
 	if err != nil {
 		return err
 	}
@@ -213,6 +233,9 @@ func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
 
 // Apply implements raftgroup.StateMachine.
 func (m *Meta) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) any {
+	if len(cmd) >= 9 && cmd[0] == cmdMember {
+		return m.applyMember(ac, e, cmd)
+	}
 	if len(cmd) < 9 || (len(cmd)-9)%8 != 0 {
 		m.log.Error("malformed meta command; rejected", "index", e.Index)
 		return result{err: errors.New("meta: malformed command")}
@@ -524,6 +547,7 @@ func (m *Meta) SnapshotApplied() error {
 	m.mu.Lock()
 	m.mu.leases = make(map[int64]*lease)
 	m.mu.alarms = make(map[alarmKey]bool)
+	m.mu.members = make(map[uint64]Member)
 	m.mu.compact = -1
 	m.mu.Unlock()
 	m.mu.Lock()

@@ -24,6 +24,12 @@ type identity struct {
 	Members []member `json:"members"`
 	// Replicas is the replication factor the groups were created with.
 	Replicas int `json:"replicas"`
+	// Bootstrapped: the groups the initial placement gave this node exist
+	// (or it joined a running cluster and bootstraps none).
+	Bootstrapped bool `json:"bootstrapped,omitempty"`
+	// JoinedAt is the cluster's revision when this node joined it (0 for
+	// an initial member): its watch feeds start after it.
+	JoinedAt int64 `json:"joined_at,omitempty"`
 }
 
 type member struct {

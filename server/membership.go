@@ -32,6 +32,17 @@ func (s *Server) loadOrCreateIdentity() error {
 		s.id = id
 		return nil
 	}
+	if cfg.InitialClusterState == "existing" {
+		if id, err = s.joinIdentity(); err != nil {
+			return err
+		}
+		s.id = id
+		if err := s.saveIdentity(); err != nil {
+			return err
+		}
+		s.log.Info("joined a running cluster", "member-id", formatID(id.MemberID), "cluster-id", formatID(id.ClusterID), "revision", id.JoinedAt)
+		return nil
+	}
 	members, err := initialMembers(cfg.InitialCluster, cfg.InitialClusterToken)
 	if err != nil {
 		return err

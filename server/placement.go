@@ -1,7 +1,11 @@
 package server
 
 import (
+	"context"
+	"slices"
 	"time"
+
+	"github.com/brainkv/brain/raftgroup"
 
 	"github.com/brainkv/brain/kvapi"
 	"go.etcd.io/raft/v3/raftpb"
@@ -84,16 +88,57 @@ func (s *Server) balanceLeaders() {
 			}
 			st := g.Status()
 			pref := preferredLeader(id, s.id.Members)
-			if !st.IsLeader || !st.LeaderReady || pref == s.id.MemberID || !s.membership.Alive(pref) {
+			if !st.IsLeader || !st.LeaderReady || pref == s.id.MemberID || !s.membership.Alive(pref) || !slices.Contains(s.memberIDs(), pref) {
 				continue
 			}
-			for _, v := range st.Voters {
-				if v == pref {
-					s.log.Info("transferring leadership to the preferred node", "group", id, "to", formatID(pref))
-					g.TransferLeadership(pref)
-					break
-				}
+			// Gossip takes seconds to notice a dead node; raft knows within
+			// an election timeout whether pref still answers. A transfer to
+			// a dead node would pause the group's writes for nothing.
+			if slices.Contains(st.Voters, pref) && slices.Contains(st.Active, pref) {
+				s.transferLeadership(g, pref)
 			}
 		}
 	}
+}
+
+// transferLeadership hands group g's leadership to node to. The TSO leader
+// first stops issuing and shrinks its window, so a planned move skips no
+// revisions; if the move does not happen, it issues again.
+func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
+	s.log.Info("transferring leadership to the preferred node", "group", g.ID(), "to", formatID(to))
+	// The leader first stops taking revisions and lets the ones it took
+	// finish, so a planned transfer leaves no gap in the revisions and
+	// fails no client's request.
+	var d drainer = s.oracle
+	if g.ID() != kvapi.TSOGroup {
+		p := s.store.Local(g.ID())
+		if p == nil {
+			g.TransferLeadership(to)
+			return
+		}
+		d = p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := d.PrepareTransfer(ctx); err != nil {
+		s.log.Warn("not transferring leadership", "group", g.ID(), "err", err)
+		return
+	}
+	g.TransferLeadership(to)
+	// A transfer takes an election round; past that, serve again.
+	deadline := time.Now().Add(s.cfg.ElectionTimeout)
+	for time.Now().Before(deadline) && g.Status().IsLeader {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := g.Status(); st.IsLeader {
+		s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
+		d.Resume()
+	}
+}
+
+// drainer is a group's state machine that can ready a planned leadership
+// transfer (the TSO and partitions).
+type drainer interface {
+	PrepareTransfer(ctx context.Context) error
+	Resume()
 }
