@@ -2,6 +2,9 @@ package kvapi
 
 import (
 	"context"
+	"encoding/json"
+
+	"github.com/brainkv/brain/meta"
 
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/tso"
@@ -13,6 +16,12 @@ import (
 // node's replicas, answering NotLeader where a leader is needed and this
 // replica is not it.
 func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
+	if req.Op == OpClusterInfo {
+		if s.clusterInfo == nil {
+			return nil, errCorruptCall
+		}
+		return s.clusterInfo()
+	}
 	if req.Op == OpGroupInfo {
 		st, ok := s.groupStatus(req.Group)
 		if !ok {
@@ -216,6 +225,12 @@ func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error
 	case OpMetaReadIndex:
 		idx, err := m.ReadIndex(ctx)
 		return ints(int64(idx)), err
+	case OpMetaSetMember:
+		var mem meta.Member
+		if err := json.Unmarshal(req.Args, &mem); err != nil {
+			return nil, errCorruptCall
+		}
+		return nil, m.SetMember(ctx, mem)
 	}
 	return nil, errCorruptCall
 }

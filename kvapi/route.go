@@ -84,6 +84,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+func isNotLeader(err error) bool {
+	code, _ := toCode(err)
+	return code == codeNotLeader
+}
+
 // call runs a leader-only operation on group: locally when local (may be
 // nil) reports it can serve, otherwise on the leader's node. Only answers
 // that prove the request was not executed (NotLeader, or a node that could
@@ -100,7 +105,7 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			}
 		}
 		leader := s.leaderOf(group)
-		if s.rpc == nil || leader == 0 || leader == s.self {
+		if s.rpc == nil || leader == 0 {
 			if err := sleep(ctx, retryBackoff); err != nil {
 				return ErrNoLeader
 			}
@@ -112,6 +117,23 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			if enc, err = args(); err != nil {
 				return err
 			}
+		}
+		if leader == s.self {
+			// This node became the leader while the call was under way (or
+			// the caller has no local path): serve it as another node's
+			// call would be served here.
+			res, err := s.HandleCall(ctx, &CallRequest{Op: op, Group: group, Args: enc})
+			if err != nil && (errors.Is(err, ErrNoReplica) || isNotLeader(err)) {
+				s.hints.set(group, 0)
+				if err := sleep(ctx, retryBackoff); err != nil {
+					return ErrNoLeader
+				}
+				continue
+			}
+			if err == nil && decode != nil {
+				return decode(res)
+			}
+			return err
 		}
 		actx, acancel := ctx, context.CancelFunc(func() {})
 		if quickOp(op) {
@@ -133,12 +155,20 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 				}
 			}
 			continue
+		case errors.Is(err, ErrNoReplica):
+			// The leader's node does not serve its replica yet (it just
+			// started or was added): the call did not execute.
+			s.hints.set(group, 0)
+			if err := sleep(ctx, retryBackoff); err != nil {
+				return ErrNoLeader
+			}
+			continue
 		case errors.As(err, &un):
 			s.hints.set(group, 0)
 			if ctx.Err() != nil {
 				return ErrNoLeader
 			}
-			if !idempotent {
+			if !idempotent && !un.notSent {
 				// It may have executed before the connection broke.
 				return partition.ErrLeaderChanged
 			}
@@ -154,4 +184,25 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 		}
 		return nil
 	}
+}
+
+// SetLocal installs (or, with nil, removes) this node's replica of
+// partition id: a replica added here serves once it has its state, and a
+// removed one stops serving before its state is deleted. It reports
+// whether id is a partition.
+func (s *Store) SetLocal(id uint64, p *partition.Partition) bool {
+	rt := s.byID[id]
+	if rt == nil {
+		return false
+	}
+	rt.localp.Store(p)
+	return true
+}
+
+// Local returns this node's serving replica of partition id, or nil.
+func (s *Store) Local(id uint64) *partition.Partition {
+	if rt := s.byID[id]; rt != nil {
+		return rt.local()
+	}
+	return nil
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +55,8 @@ const (
 	OpMetaReadIndex // -> commit index of the meta group
 	OpEvents        // from, to, maxRevs, key, end -> events, next, on any replica
 	OpGroupInfo     // -> leader, voters, learners (from the leader)
+	OpMetaSetMember // JSON meta.Member
+	OpClusterInfo   // -> the cluster's description (Config.ClusterInfo), for a joining node
 )
 
 // CallRequest is an internal call.
@@ -241,15 +246,17 @@ func RegisterInternalService(s *grpc.Server, h Handler) {
 
 // Client calls other nodes' internal service.
 type Client struct {
-	resolve func(node uint64) (string, bool)
-	mu      sync.Mutex
-	conns   map[string]*grpc.ClientConn // by address; protected by mu
-	closed  bool
+	resolve  func(node uint64) (string, bool)
+	dialOpts []grpc.DialOption
+	mu       sync.Mutex
+	conns    map[string]*grpc.ClientConn // by address; protected by mu
+	closed   bool
 }
 
-// NewClient returns a client that finds nodes with resolve.
-func NewClient(resolve func(node uint64) (string, bool)) *Client {
-	return &Client{resolve: resolve, conns: make(map[string]*grpc.ClientConn)}
+// NewClient returns a client that finds nodes with resolve; opts are added
+// to the peer dial options (peer TLS credentials).
+func NewClient(resolve func(node uint64) (string, bool), opts ...grpc.DialOption) *Client {
+	return &Client{resolve: resolve, conns: make(map[string]*grpc.ClientConn), dialOpts: append(rpccodec.PeerDialOptions(), opts...)}
 }
 
 // Close closes every connection.
@@ -276,7 +283,7 @@ func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
 	if conn := c.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn, err := grpc.NewClient(addr, rpccodec.PeerDialOptions()...)
+	conn, err := grpc.NewClient(addr, c.dialOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -292,15 +299,44 @@ func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byt
 	}
 	var resp CallResponse
 	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
-		return nil, &unavailableError{node: node, err: err}
+		return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
+	}
+	return resp.Result, fromCode(&resp)
+}
+
+// neverSent reports whether a failed call's error shows it never reached
+// the node: no connection could be made (refused, a failed TLS handshake),
+// so gRPC failed it before sending. Such a call can be retried even when
+// it writes; one that failed after it was sent may have executed.
+func neverSent(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	msg := st.Message()
+	return strings.Contains(msg, "Error while dialing") || strings.Contains(msg, "handshake failed")
+}
+
+// CallAddr executes req on the node at addr (a node not yet known by ID:
+// a joining node asks a member about the cluster).
+func CallAddr(ctx context.Context, addr string, req *CallRequest, opts ...grpc.DialOption) ([]byte, error) {
+	conn, err := grpc.NewClient(addr, append(rpccodec.PeerDialOptions(), opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var resp CallResponse
+	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
+		return nil, err
 	}
 	return resp.Result, fromCode(&resp)
 }
 
 // unavailableError: the node could not be reached (it may be down).
 type unavailableError struct {
-	node uint64
-	err  error
+	node    uint64
+	err     error
+	notSent bool // the call certainly did not reach the node (see neverSent)
 }
 
 func (e *unavailableError) Error() string { return fmt.Sprintf("kvapi: node %x: %v", e.node, e.err) }
