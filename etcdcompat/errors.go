@@ -37,6 +37,7 @@ var errorTable = []struct {
 	{tso.ErrNotLeader, rpctypes.ErrGRPCNoLeader},
 	{raftgroup.ErrStopped, rpctypes.ErrGRPCStopped},
 	{context.DeadlineExceeded, rpctypes.ErrGRPCTimeout},
+	{partition.ErrRetriesExhausted, rpctypes.ErrGRPCTimeout},
 }
 
 // toGRPCError converts an internal error to the error etcd would return.

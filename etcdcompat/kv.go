@@ -37,6 +37,7 @@ func (k *kvServer) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, 
 	if err != nil {
 		return nil, toGRPCError(err)
 	}
+	k.s.checkWriteHeader("put", resp.Header, r.Key)
 	k.s.fill(resp.Header)
 	return resp, nil
 }
@@ -52,6 +53,7 @@ func (k *kvServer) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*
 	if err != nil {
 		return nil, toGRPCError(err)
 	}
+	k.s.checkWriteHeader("delete", resp.Header, r.Key)
 	k.s.fill(resp.Header)
 	return resp, nil
 }
@@ -73,6 +75,11 @@ func (k *kvServer) Txn(ctx context.Context, r *pb.TxnRequest) (*pb.TxnResponse, 
 	if err != nil {
 		return nil, toGRPCError(err)
 	}
+	var key []byte
+	if len(r.Compare) > 0 {
+		key = r.Compare[0].Key
+	}
+	k.s.checkWriteHeader("txn", resp.Header, key)
 	k.s.fill(resp.Header)
 	return resp, nil
 }
@@ -228,4 +235,14 @@ func checkIntervals(reqs []*pb.RequestOp) (map[string]struct{}, adt.IntervalTree
 		puts[k] = struct{}{}
 	}
 	return puts, dels, nil
+}
+
+// checkWriteHeader logs a write's response that carries no revision: the
+// store answers every write with the revision it wrote at or, for a write
+// that changed nothing, the current one, so a zero here is a bug that fill
+// would hide behind the current revision.
+func (s *Server) checkWriteHeader(op string, h *pb.ResponseHeader, key []byte) {
+	if h == nil || h.Revision == 0 {
+		s.log.Error("write answered without a revision", "op", op, "key", string(key))
+	}
 }

@@ -2,6 +2,8 @@ package etcdcompat
 
 import (
 	"context"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
@@ -43,6 +46,12 @@ type Config struct {
 	MemberID    uint64
 	// Members lists the cluster's members for MemberList.
 	Members func() []*pb.Member
+	// MemberAdd adds a member and returns it and the new member list (nil:
+	// membership changes are refused).
+	MemberAdd func(ctx context.Context, r *pb.MemberAddRequest) (*pb.Member, []*pb.Member, error)
+	// MemberRemove removes a member and returns the new member list (nil:
+	// refused).
+	MemberRemove func(ctx context.Context, id uint64) ([]*pb.Member, error)
 	// Term returns the raft term reported in response headers.
 	Term func() uint64
 	// HasLeader reports whether the node can serve writes (for the
@@ -58,6 +67,10 @@ type Config struct {
 	// notifications get one when idle; default 10 minutes (etcd's).
 	ProgressNotifyInterval time.Duration
 	Logger                 *slog.Logger
+	// Registerer gets the per-RPC request metrics (grpc_server_started_total,
+	// grpc_server_handled_total, grpc_server_handling_seconds by service,
+	// method and code, as etcd exports them); nil: none.
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxRequestBytes is etcd's default --max-request-bytes.
@@ -73,10 +86,11 @@ const Version = "3.6.0"
 
 // Server implements etcd's v3 gRPC services over a kvapi.Store.
 type Server struct {
-	cfg   Config
-	store *kvapi.Store
-	hub   *Hub
-	log   *slog.Logger
+	cfg     Config
+	store   *kvapi.Store
+	hub     *Hub
+	log     *slog.Logger
+	metrics *grpcprom.ServerMetrics // nil without a Registerer
 }
 
 // New creates the services.
@@ -96,7 +110,13 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, store: cfg.Store, hub: cfg.Hub, log: cfg.Logger.With("component", "etcdcompat")}
+	s := &Server{cfg: cfg, store: cfg.Store, hub: cfg.Hub, log: cfg.Logger.With("component", "etcdcompat")}
+	if cfg.Registerer != nil {
+		s.metrics = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10})))
+		cfg.Registerer.MustRegister(s.metrics)
+	}
+	return s
 }
 
 // ServerOptions returns the gRPC options the services need: the codec that
@@ -107,8 +127,29 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(int(s.cfg.MaxRequestBytes + GRPCOverheadBytes)),
 		grpc.MaxSendMsgSize(1<<31 - 1),
 		grpc.MaxConcurrentStreams(1<<32 - 1),
-		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptors()...),
+		grpc.ChainStreamInterceptor(s.streamInterceptors()...),
+		// etcd's keepalive (--grpc-keepalive-*), but accepting pings every
+		// second, also without streams: gRPC's default (one ping per 5
+		// minutes) answers kube-apiserver's 30 s pings with GOAWAY
+		// too_many_pings, breaking every watch on the connection.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 	}
+}
+
+func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
+	if s.metrics == nil {
+		return []grpc.UnaryServerInterceptor{s.unaryInterceptor}
+	}
+	return []grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor(), s.unaryInterceptor}
+}
+
+func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
+	if s.metrics == nil {
+		return nil
+	}
+	return []grpc.StreamServerInterceptor{s.metrics.StreamServerInterceptor()}
 }
 
 // Register registers every service on g.
@@ -122,6 +163,9 @@ func (s *Server) Register(g *grpc.Server) {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(g, hs)
+	if s.metrics != nil {
+		s.metrics.InitializeMetrics(g) // every method's series from zero
+	}
 }
 
 func (s *Server) hasLeader() bool { return s.cfg.HasLeader == nil || s.cfg.HasLeader() }
