@@ -1,0 +1,274 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/internal/testutil"
+	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/server"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// testCA is a throwaway certificate authority.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue signs a certificate for 127.0.0.1 usable by servers and clients
+// and returns the PEM of the certificate and of its key.
+func (ca *testCA) issue(t *testing.T, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+func writeFile(t *testing.T, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestClientTLS checks https client URLs with --client-cert-auth: a client
+// with a certificate from the trusted CA works (etcd client and /health);
+// one without a certificate, one with a certificate from another CA, and a
+// plaintext client are refused.
+func TestClientTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, rogue := newTestCA(t, "brain-test-ca"), newTestCA(t, "rogue-ca")
+	srvCert, srvKey := ca.issue(t, "brainnode")
+	cliCert, cliKey := ca.issue(t, "client")
+	rogueCert, rogueKey := rogue.issue(t, "intruder")
+	s := testutil.StartBrain(t, server.Config{
+		ListenClientURLs: []string{"https://127.0.0.1:0"},
+		CertFile:         writeFile(t, dir, "server.crt", srvCert),
+		KeyFile:          writeFile(t, dir, "server.key", srvKey),
+		TrustedCAFile:    writeFile(t, dir, "ca.crt", ca.pem),
+		ClientCertAuth:   true,
+	})
+	if u := s.ClientURLs()[0]; u[:8] != "https://" {
+		t.Fatalf("client URL %s is not https", u)
+	}
+	ep := testutil.Endpoint(s)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.pem)
+	pair := func(c, k []byte) []tls.Certificate {
+		kp, err := tls.X509KeyPair(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []tls.Certificate{kp}
+	}
+	dial := func(tc *tls.Config) (*clientv3.Client, error) {
+		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, TLS: tc, DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+	}
+
+	good, err := dial(&tls.Config{RootCAs: roots, Certificates: pair(cliCert, cliKey)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := good.Put(ctx, "/tls/k", "v"); err != nil {
+		t.Fatalf("put with a trusted client certificate: %v", err)
+	}
+	if r, err := good.Get(ctx, "/tls/k"); err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "v" {
+		t.Fatalf("get with a trusted client certificate: %v %v", r, err)
+	}
+	hc := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: pair(cliCert, cliKey)}}}
+	resp, err := hc.Get("https://" + ep + "/health")
+	if err != nil {
+		t.Fatalf("/health over TLS: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/health over TLS: %s", resp.Status)
+	}
+
+	for name, tc := range map[string]*tls.Config{
+		"no client certificate":              {RootCAs: roots},
+		"a certificate from an untrusted CA": {RootCAs: roots, Certificates: pair(rogueCert, rogueKey)},
+	} {
+		c, err := dial(tc)
+		if err == nil {
+			cctx, ccancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err = c.Put(cctx, "/tls/intruder", "x")
+			ccancel()
+			c.Close()
+		}
+		if err == nil {
+			t.Errorf("a client with %s could write", name)
+		}
+	}
+	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+	if err == nil {
+		cctx, ccancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err = plain.Put(cctx, "/tls/plain", "x")
+		ccancel()
+		plain.Close()
+	}
+	if err == nil {
+		t.Error("a plaintext client could write to an https URL")
+	}
+	if r, err := good.Get(ctx, "/tls/", clientv3.WithPrefix()); err != nil || r.Count != 1 {
+		t.Fatalf("after the refused clients: %d keys under /tls/ (want 1), %v", r.Count, err)
+	}
+}
+
+// TestClientTLSConfigErrors checks TLS settings that cannot work are
+// refused at start with a clear error.
+func TestClientTLSConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]server.Config{
+		"https without a certificate":         {ListenClientURLs: []string{"https://127.0.0.1:0"}},
+		"client-cert-auth without a CA":       {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "a", KeyFile: "b", ClientCertAuth: true},
+		"a certificate without an https URL":  {ListenClientURLs: []string{"http://127.0.0.1:0"}, CertFile: "a", KeyFile: "b"},
+		"certificate files that do not exist": {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "/nonexistent.crt", KeyFile: "/nonexistent.key"},
+		"peer TLS with an http peer URL":      {PeerCertFile: "a", PeerKeyFile: "b", PeerTrustedCAFile: "c"},
+		"peer TLS without a CA":               {PeerCertFile: "a", PeerKeyFile: "b"},
+		"an https peer URL without peer TLS":  {ListenPeerURLs: []string{"https://127.0.0.1:0"}},
+	} {
+		cfg.DataDir = t.TempDir()
+		if cfg.ListenPeerURLs == nil {
+			cfg.ListenPeerURLs = []string{"http://127.0.0.1:0"}
+		}
+		if cfg.ListenClientURLs == nil {
+			cfg.ListenClientURLs = []string{"http://127.0.0.1:0"}
+		}
+		cfg.Logger = testutil.Quiet()
+		s, err := server.New(cfg)
+		if err == nil {
+			s.Stop()
+			t.Errorf("%s: started", name)
+			continue
+		}
+		t.Logf("%s: %v", name, err)
+	}
+}
+
+// TestPeerTLS runs a 3-node cluster with peer TLS and
+// --peer-client-cert-auth: writes through one node are read through
+// another (raft and forwarding over TLS), and the peer port refuses a
+// caller with a certificate from another CA, one without a certificate,
+// and plaintext.
+func TestPeerTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, rogue := newTestCA(t, "brain-peer-ca"), newTestCA(t, "rogue-ca")
+	cert, key := ca.issue(t, "peer")
+	c := testutil.StartCluster(t, 3, server.Config{
+		PeerCertFile:       writeFile(t, dir, "peer.crt", cert),
+		PeerKeyFile:        writeFile(t, dir, "peer.key", key),
+		PeerTrustedCAFile:  writeFile(t, dir, "ca.crt", ca.pem),
+		PeerClientCertAuth: true,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c1, c3 := testutil.Client(t, testutil.Endpoint(c.Nodes[0])), testutil.Client(t, testutil.Endpoint(c.Nodes[2]))
+	var put *clientv3.PutResponse
+	var err error
+	for put == nil { // the cluster may still be electing
+		if put, err = c1.Put(ctx, "/registry/pods/tls", "v"); err != nil {
+			if ctx.Err() != nil {
+				t.Fatalf("put on a peer-TLS cluster: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	r, err := c3.Get(ctx, "/registry/pods/tls")
+	if err != nil || len(r.Kvs) != 1 || r.Kvs[0].ModRevision != put.Header.Revision {
+		t.Fatalf("read through another node: %v %v (put at %d)", r, err, put.Header.Revision)
+	}
+
+	peer := strings.TrimPrefix(c.Configs[1].ListenPeerURLs[0], "https://")
+	call := func(opts ...grpc.DialOption) error {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		_, err := kvapi.CallAddr(cctx, peer, &kvapi.CallRequest{Op: kvapi.OpClusterInfo}, opts...)
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.pem)
+	withCert := func(c, k []byte) grpc.DialOption {
+		kp, err := tls.X509KeyPair(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{kp}}))
+	}
+	if err := call(withCert(cert, key)); err != nil {
+		t.Fatalf("a peer with a trusted certificate was refused: %v", err)
+	}
+	rc, rk := rogue.issue(t, "intruder")
+	for name, opt := range map[string]grpc.DialOption{
+		"a certificate from another CA": withCert(rc, rk),
+		"no certificate":                grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots})),
+		"plaintext":                     nil,
+	} {
+		var opts []grpc.DialOption
+		if opt != nil {
+			opts = append(opts, opt)
+		}
+		if err := call(opts...); err == nil {
+			t.Errorf("a caller with %s was served on the peer port", name)
+		}
+	}
+}
