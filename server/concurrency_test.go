@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -103,12 +102,13 @@ func TestConcurrentLinearizableAndWatches(t *testing.T) {
 	stopWatches()
 	wwg.Wait()
 
-	res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(t.TempDir(), "porcupine.html"))
+	html := testutil.ArtifactPath(t, "porcupine.html")
+	res, err := history.CheckLinearizable(ops, 2*time.Minute, html)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res != porcupine.Ok {
-		t.Errorf("porcupine: history of %d operations is %v (seed %d)", len(ops), res, seed)
+		t.Errorf("porcupine: history of %d operations is %v (seed %d; visualization: %s)", len(ops), res, seed, html)
 	}
 	for _, err := range history.CheckRevisions(ops) {
 		t.Error(err)

@@ -3,8 +3,10 @@ package server
 import (
 	"errors"
 	"fmt"
+	"github.com/brainkv/brain/internal/diskfault"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -55,6 +57,21 @@ type Config struct {
 	// WatchProgressNotifyInterval (--watch-progress-notify-interval);
 	// default 10m.
 	WatchProgressNotifyInterval time.Duration
+	// Client TLS, with etcd's flags: https client URLs serve TLS with
+	// CertFile/KeyFile (--cert-file, --key-file); with ClientCertAuth
+	// (--client-cert-auth) a client must present a certificate signed by
+	// a CA in TrustedCAFile (--trusted-ca-file).
+	CertFile, KeyFile, TrustedCAFile string
+	ClientCertAuth                   bool
+	// Peer TLS, with etcd's flags: with PeerCertFile/PeerKeyFile
+	// (--peer-cert-file, --peer-key-file) every peer URL must be https and
+	// all traffic between nodes (raft, the internal API) is TLS, verified
+	// against PeerTrustedCAFile (--peer-trusted-ca-file) both ways; with
+	// PeerClientCertAuth (--peer-client-cert-auth) a node must present a
+	// certificate from that CA to be served.
+	PeerCertFile, PeerKeyFile, PeerTrustedCAFile string
+	PeerClientCertAuth                           bool
+
 	// EnablePprof (--enable-pprof) serves /debug/pprof on client URLs.
 	EnablePprof bool
 
@@ -85,6 +102,17 @@ type Config struct {
 	LeaderBalanceInterval time.Duration
 	// FastGossip uses memberlist's local-network timings (tests).
 	FastGossip bool
+	// Join (--join) is a member's client URL: a node with a new store
+	// asks it to add this node to the cluster (etcd's MemberAdd) and joins
+	// (implies --initial-cluster-state=existing).
+	Join string
+	// DeadNodeTimeout (--dead-node-timeout) is how long gossip must have
+	// considered a node dead before the leaders of its groups replace its
+	// replicas on other nodes; default 1m.
+	DeadNodeTimeout time.Duration
+	// ReplicaCheckInterval is how often a node checks its replicas (adds,
+	// removals, repairs); default 1s.
+	ReplicaCheckInterval time.Duration
 
 	// Logger; default: JSON to stderr at LogLevel.
 	Logger *slog.Logger
@@ -92,6 +120,10 @@ type Config struct {
 	LogLevel string
 	// FS is the filesystem (tests use vfs.NewMem()); default the OS's.
 	FS vfs.FS
+	// DiskFaults, when set, wraps FS with its injector and serves
+	// /debug/diskfault on the client URLs (chaos runs only; brainnode sets
+	// it when started with BRAIN_DISK_FAULTS=1).
+	DiskFaults *diskfault.Injector
 }
 
 // DefaultSplitPoints separate the resources a Kubernetes cluster writes
@@ -161,6 +193,15 @@ func (c *Config) EnsureDefaults() {
 	if c.LeaderBalanceInterval == 0 {
 		c.LeaderBalanceInterval = 5 * time.Second
 	}
+	if c.DeadNodeTimeout == 0 {
+		c.DeadNodeTimeout = time.Minute
+	}
+	if c.ReplicaCheckInterval == 0 {
+		c.ReplicaCheckInterval = time.Second
+	}
+	if c.Join != "" {
+		c.InitialClusterState = "existing"
+	}
 	if c.FS == nil {
 		c.FS = vfs.Default
 	}
@@ -169,10 +210,48 @@ func (c *Config) EnsureDefaults() {
 // Validate reports every problem at once.
 func (c *Config) Validate() error {
 	var errs []error
+	tlsURLs := 0
 	for _, u := range append(append([]string(nil), c.ListenClientURLs...), c.ListenMetricsURLs...) {
-		if _, err := listenAddr(u); err != nil {
+		if _, tls, err := clientListenAddr(u); err != nil {
 			errs = append(errs, err)
+		} else if tls {
+			tlsURLs++
 		}
+	}
+	if tlsURLs > 0 && (c.CertFile == "" || c.KeyFile == "") {
+		errs = append(errs, fmt.Errorf("https client URLs need --cert-file and --key-file"))
+	}
+	if c.ClientCertAuth && c.TrustedCAFile == "" {
+		errs = append(errs, fmt.Errorf("--client-cert-auth needs --trusted-ca-file"))
+	}
+	if tlsURLs == 0 && (c.CertFile != "" || c.ClientCertAuth) {
+		errs = append(errs, fmt.Errorf("--cert-file and --client-cert-auth apply to https client URLs, and --listen-client-urls has none"))
+	}
+	peerTLS := c.PeerCertFile != "" || c.PeerKeyFile != ""
+	if peerTLS && (c.PeerCertFile == "" || c.PeerKeyFile == "" || c.PeerTrustedCAFile == "") {
+		errs = append(errs, fmt.Errorf("peer TLS needs --peer-cert-file, --peer-key-file and --peer-trusted-ca-file"))
+	}
+	if c.PeerClientCertAuth && !peerTLS {
+		errs = append(errs, fmt.Errorf("--peer-client-cert-auth needs --peer-cert-file and --peer-key-file"))
+	}
+	peerURLs := append(append([]string(nil), c.ListenPeerURLs...), c.InitialAdvertisePeerURLs...)
+	if m, err := parseInitialCluster(c.InitialCluster); err == nil {
+		for _, urls := range m {
+			peerURLs = append(peerURLs, urls...)
+		}
+	}
+	slices.Sort(peerURLs)
+	for _, u := range slices.Compact(peerURLs) {
+		if isHTTPS := strings.HasPrefix(u, "https://"); isHTTPS != peerTLS {
+			if peerTLS {
+				errs = append(errs, fmt.Errorf("peer URL %q: with peer TLS every peer URL must be https", u))
+			} else {
+				errs = append(errs, fmt.Errorf("peer URL %q: https peer URLs need --peer-cert-file and --peer-key-file", u))
+			}
+		}
+	}
+	if strings.HasPrefix(c.Join, "https://") {
+		errs = append(errs, fmt.Errorf("--join %q: joining through an https client URL is not supported yet (use http, or etcdctl member add and --initial-cluster-state existing)", c.Join))
 	}
 	if c.HeartbeatInterval*5 > c.ElectionTimeout {
 		errs = append(errs, fmt.Errorf("--election-timeout (%v) should be at least 5 times --heartbeat-interval (%v)", c.ElectionTimeout, c.HeartbeatInterval))
@@ -198,8 +277,10 @@ func (c *Config) Validate() error {
 	if c.Replicas < 1 {
 		errs = append(errs, fmt.Errorf("--replicas must be at least 1"))
 	}
-	if c.InitialClusterState == "existing" {
-		errs = append(errs, errors.New("--initial-cluster-state=existing (joining a cluster) is not supported by this build"))
+	if c.Join != "" {
+		if _, err := listenAddr(c.Join); err != nil {
+			errs = append(errs, fmt.Errorf("--join: %w", err))
+		}
 	}
 	sps := append([]string(nil), c.InitialSplitPoints...)
 	if !sort.StringsAreSorted(sps) {
@@ -224,6 +305,16 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// clientListenAddr returns host:port of a client URL, http or https (TLS).
+func clientListenAddr(raw string) (addr string, tls bool, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", false, fmt.Errorf("invalid URL %q: %w", raw, err)
+	}
+	addr, err = listenAddr(raw)
+	return addr, u.Scheme == "https", err
+}
+
 // listenAddr returns host:port of an http URL.
 func listenAddr(raw string) (string, error) {
 	u, err := url.Parse(raw)
@@ -231,11 +322,9 @@ func listenAddr(raw string) (string, error) {
 		return "", fmt.Errorf("invalid URL %q: %w", raw, err)
 	}
 	switch u.Scheme {
-	case "http", "unix":
-	case "https", "unixs":
-		return "", fmt.Errorf("URL %q: TLS listeners are not supported by this build", raw)
+	case "http", "https": // TLS or not is decided by the caller
 	default:
-		return "", fmt.Errorf("URL %q: scheme must be http", raw)
+		return "", fmt.Errorf("URL %q: scheme must be http or https", raw)
 	}
 	if u.Host == "" {
 		return "", fmt.Errorf("URL %q has no host:port", raw)

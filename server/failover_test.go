@@ -1,94 +1,22 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/brainkv/brain/chaos"
 	"github.com/brainkv/brain/internal/history"
 	"github.com/brainkv/brain/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
-
-// procNode is a brainnode process of a test cluster.
-type procNode struct {
-	name   string
-	dir    string
-	client int
-	peer   int
-	cmd    *exec.Cmd
-	logf   *os.File
-}
-
-func (n *procNode) endpoint() string { return fmt.Sprintf("127.0.0.1:%d", n.client) }
-
-func (n *procNode) start(t *testing.T, bin, initial string) {
-	t.Helper()
-	args := []string{"--name", n.name, "--data-dir", n.dir,
-		"--listen-client-urls", "http://" + n.endpoint(),
-		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", n.peer),
-		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", n.peer),
-		"--initial-cluster", initial,
-		"--initial-split-points", strings.Join(concSplits, ","),
-		"--log-level", "info"}
-	n.cmd = exec.Command(bin, args...)
-	var err error
-	if n.logf, err = os.OpenFile(n.dir+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n.cmd.Stdout, n.cmd.Stderr = n.logf, n.logf
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (n *procNode) signal(sig syscall.Signal) {
-	if n.cmd != nil && n.cmd.Process != nil {
-		_ = n.cmd.Process.Signal(sig)
-	}
-}
-
-func (n *procNode) kill() {
-	n.signal(syscall.SIGKILL)
-	if n.cmd != nil {
-		_, _ = n.cmd.Process.Wait()
-		n.cmd = nil
-	}
-	if n.logf != nil {
-		n.logf.Close()
-	}
-}
-
-// leads returns the raft groups the node leads, from its metrics.
-func (n *procNode) leads() []string {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + n.endpoint() + "/metrics")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	var groups []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "brain_raft_is_leader{") && strings.HasSuffix(line, " 1") {
-			groups = append(groups, strings.TrimSuffix(strings.TrimPrefix(line, `brain_raft_is_leader{group="`), `"} 1`))
-		}
-	}
-	return groups
-}
 
 // TestFailoverKillAndPause runs a 3-node cluster of brainnode processes
 // with the default timeouts under a write load from clients of every
@@ -103,36 +31,33 @@ func TestFailoverKillAndPause(t *testing.T) {
 		t.Skip("starts real processes; skipped with -short")
 	}
 	bin := brainnodeBinary(t)
-	dir := t.TempDir()
-	var nodes []*procNode
-	var initial []string
-	for i := 1; i <= 3; i++ {
-		n := &procNode{name: fmt.Sprintf("n%d", i), dir: filepath.Join(dir, fmt.Sprintf("n%d", i)), client: testutil.FreePort(t), peer: testutil.FreePortPair(t)}
-		nodes = append(nodes, n)
-		initial = append(initial, fmt.Sprintf("%s=http://127.0.0.1:%d", n.name, n.peer))
+	cl, err := chaos.NewCluster(bin, t.TempDir(), 3, concSplits)
+	if err != nil {
+		t.Fatal(err)
 	}
+	nodes := cl.Nodes
 	for _, n := range nodes {
-		n.start(t, bin, strings.Join(initial, ","))
+		if err := cl.Start(n); err != nil {
+			t.Fatal(err)
+		}
 	}
 	defer func() {
-		for _, n := range nodes {
-			n.signal(syscall.SIGCONT)
-			n.kill()
-		}
+		cl.Stop()
 		if t.Failed() {
 			for _, n := range nodes {
-				b, _ := os.ReadFile(n.dir + ".log")
+				b, _ := os.ReadFile(n.LogPath())
+				keep := testutil.ArtifactPath(t, n.Name+".log")
+				if err := os.WriteFile(keep, b, 0o644); err == nil {
+					t.Logf("%s log: %s", n.Name, keep)
+				}
 				if len(b) > 4000 {
 					b = b[len(b)-4000:]
 				}
-				t.Logf("%s log tail:\n%s", n.name, b)
+				t.Logf("%s log tail:\n%s", n.Name, b)
 			}
 		}
 	}()
-	var eps []string
-	for _, n := range nodes {
-		eps = append(eps, n.endpoint())
-	}
+	eps := cl.Endpoints()
 	newClient := func() *clientv3.Client {
 		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(),
 			DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
@@ -181,38 +106,30 @@ func TestFailoverKillAndPause(t *testing.T) {
 			}
 		}(cl)
 	}
-	find := func(pick func(leads []string, n *procNode) bool) *procNode {
-		for i := 0; i < 50; i++ {
-			for _, n := range nodes {
-				if pick(n.leads(), n) {
-					return n
-				}
-			}
+	time.Sleep(2 * time.Second)
+	var victim *chaos.Node
+	for i := 0; i < 50 && victim == nil; i++ {
+		if victim = cl.Leader("1"); victim == nil {
 			time.Sleep(100 * time.Millisecond)
 		}
-		t.Fatal("no node matches")
-		return nil
 	}
-	time.Sleep(2 * time.Second)
-	victim := find(func(l []string, _ *procNode) bool { return contains(l, "1") })
-	t.Logf("kill -9 %s, leading %v", victim.name, victim.leads())
+	if victim == nil {
+		t.Fatal("no node leads the TSO")
+	}
+	t.Logf("kill -9 %s, leading %v", victim.Name, victim.Leads())
 	killAt := rec.Now()
-	victim.kill()
+	cl.Kill(victim)
 	time.Sleep(3 * time.Second)
-	victim.start(t, bin, strings.Join(initial, ","))
-	time.Sleep(3 * time.Second)
-	var busiest *procNode
-	most := -1
-	for _, n := range nodes {
-		if l := len(n.leads()); l > most {
-			busiest, most = n, l
-		}
+	if err := cl.Start(victim); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("SIGSTOP %s, leading %v", busiest.name, busiest.leads())
+	time.Sleep(3 * time.Second)
+	busiest := cl.Busiest()
+	t.Logf("SIGSTOP %s, leading %v", busiest.Name, busiest.Leads())
 	pauseAt := rec.Now()
-	busiest.signal(syscall.SIGSTOP)
+	cl.Pause(busiest)
 	time.Sleep(4 * time.Second)
-	busiest.signal(syscall.SIGCONT)
+	cl.Resume(busiest)
 	resumeAt := rec.Now()
 	time.Sleep(3 * time.Second)
 	close(stop)
@@ -264,12 +181,13 @@ func TestFailoverKillAndPause(t *testing.T) {
 	rcancel()
 	<-rdone
 
-	res, err := history.CheckLinearizable(ops, 2*time.Minute, filepath.Join(dir, "porcupine.html"))
+	html := testutil.ArtifactPath(t, "porcupine.html")
+	res, err := history.CheckLinearizable(ops, 2*time.Minute, html)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res != porcupine.Ok {
-		t.Errorf("porcupine: %v", res)
+		t.Errorf("porcupine: %v (visualization: %s)", res, html)
 	}
 	for _, err := range history.CheckRevisions(ops) {
 		t.Error(err)
@@ -287,13 +205,96 @@ func TestFailoverKillAndPause(t *testing.T) {
 		}
 	}
 	t.Logf("%d operations, %d acknowledged writes, %d of unknown outcome, final revision %d", len(ops), len(acks), unknown, final.Header.Revision)
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
+	if t.Failed() {
+		keep := testutil.ArtifactPath(t, "history.json")
+		if b, err := json.Marshal(struct {
+			Ops   []history.Op
+			Watch *history.Watch
+			Ref   *history.Watch
+		}{ops, watch, ref}); err == nil && os.WriteFile(keep, b, 0o644) == nil {
+			t.Logf("history: %s", keep)
 		}
 	}
-	return false
+}
+
+// TestDeposedLeaderAnswersNoStaleCompare pauses the node leading the
+// partition of a key, updates the key through the others (a new leader
+// takes over), sends a compare-and-swap that expects the new mod revision
+// to the paused node, and resumes it. The paused node still believes it
+// leads and holds the old state; a compare that fails there is a read and
+// must not be answered from that stale state: the CAS must succeed (or
+// fail retryably), never report a failed compare.
+func TestDeposedLeaderAnswersNoStaleCompare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes; skipped with -short")
+	}
+	cl, err := chaos.NewCluster(brainnodeBinary(t), t.TempDir(), 3, concSplits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Stop()
+	for _, n := range cl.Nodes {
+		if err := cl.Start(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := cl.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const key, group = "/registry/pods/deposed", "103" // the last partition of concSplits
+	for round := 0; round < 3; round++ {
+		var old *chaos.Node
+		for i := 0; i < 100 && old == nil; i++ {
+			if old = cl.Leader(group); old == nil {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		if old == nil {
+			t.Fatal("no leader of the partition")
+		}
+		var others []string
+		for _, n := range cl.Nodes {
+			if n != old {
+				others = append(others, n.Endpoint())
+			}
+		}
+		rest := testutil.Client(t, others[0])
+		rest.SetEndpoints(others...)
+		stale := testutil.Client(t, old.Endpoint())
+		if _, err := rest.Put(ctx, key, fmt.Sprint("before-", round)); err != nil {
+			t.Fatal(err)
+		}
+		cl.Pause(old)
+		var mod int64
+		for mod == 0 && ctx.Err() == nil {
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			if p, err := rest.Put(pctx, key, fmt.Sprint("after-", round)); err == nil {
+				mod = p.Header.Revision
+			}
+			pcancel()
+		}
+		// The CAS reaches the paused node and is served when it resumes.
+		type result struct {
+			resp *clientv3.TxnResponse
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
+			defer tcancel()
+			r, err := stale.Txn(tctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).
+				Then(clientv3.OpPut(key, fmt.Sprint("cas-", round))).Commit()
+			done <- result{r, err}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		cl.Resume(old)
+		r := <-done
+		if r.err == nil && !r.resp.Succeeded {
+			t.Fatalf("round %d: the deposed leader answered a failed compare (mod_revision %d expected, the key's) at header %d from its stale state", round, mod, r.resp.Header.Revision)
+		}
+		t.Logf("round %d: CAS at mod %d through the deposed leader: err=%v succeeded=%v", round, mod, r.err, r.err == nil && r.resp.Succeeded)
+		time.Sleep(2 * time.Second) // leaders settle (the balancer may move them back)
+	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"hash/crc32"
 	"io"
 	"sync"
@@ -34,16 +35,28 @@ func (m *maintenance) SetAlarm(ctx context.Context, activate bool, member uint64
 }
 
 func (m *maintenance) RaftStatus() (index, term, applied, leader uint64) {
-	st := m.s.host.Group(kvapi.MetaGroup).Status()
+	g := m.s.host.Group(kvapi.MetaGroup)
+	if g == nil {
+		return 0, 0, 0, m.s.leaderHint(kvapi.MetaGroup)
+	}
+	st := g.Status()
 	return st.Commit, st.Term, st.Applied, st.Lead
 }
+
+// errNotAllPartitions: HashKV and Snapshot read this node's storage, which
+// must hold a replica of every partition.
+var errNotAllPartitions = errors.New("brain: this node does not hold a replica of every partition; ask a node that does (see brain_raft_leader in /metrics)")
 
 // closedRevision waits until every partition has closed the current
 // revision and returns it: a consistent cut of the store.
 func (m *maintenance) closedRevision(ctx context.Context) (int64, error) {
+	parts := m.s.servingPartitions()
+	if len(parts) != len(m.s.id.SplitPoints)+1 {
+		return 0, errNotAllPartitions
+	}
 	rev := m.s.store.CurrentRevision()
 	m.s.store.RequestClose(rev)
-	for _, p := range m.s.parts {
+	for _, p := range parts {
 		if err := p.WaitClosed(ctx, rev); err != nil {
 			return 0, err
 		}

@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/brainkv/brain/internal/diskfault"
 	"log/slog"
 	"net"
 	"net/http"
@@ -42,7 +44,12 @@ type Server struct {
 	oracle   *tso.Oracle
 	tso      *tso.Client
 	meta     *meta.Meta
-	parts    []*partition.Partition
+	pm       *partition.Metrics
+	// parts are this node's partition replicas (serving or being added),
+	// by group; partsMu guards the map after start.
+	partsMu  sync.Mutex
+	parts    map[uint64]*partition.Partition
+	closeFwd []*forwardCloser
 	store    *kvapi.Store
 	hub      *etcdcompat.Hub
 	etcd     *etcdcompat.Server
@@ -61,6 +68,10 @@ type Server struct {
 	wg        sync.WaitGroup
 	stopc     chan struct{}
 	stopOnce  sync.Once
+	// removed is closed when the node learns it was removed from the
+	// cluster (see Removed).
+	removed     chan struct{}
+	removedOnce sync.Once
 }
 
 // New opens (or creates) the node's store and starts it. A single node
@@ -68,6 +79,9 @@ type Server struct {
 // and serves as soon as a quorum of the cluster is up.
 func New(cfg Config) (*Server, error) {
 	cfg.EnsureDefaults()
+	if cfg.DiskFaults != nil {
+		cfg.FS = diskfault.Wrap(cfg.FS, cfg.DiskFaults)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -75,7 +89,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = newLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{})}
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := s.open(); err != nil {
 		s.closeStorage()
@@ -99,8 +113,9 @@ func newLogger(level string) *slog.Logger {
 
 func formatID(id uint64) string { return fmt.Sprintf("%x", id) }
 
-// clustered reports whether the node has peers.
-func (s *Server) clustered() bool { return len(s.id.Members) > 1 }
+// clustered reports whether the node has peers (it is one of several
+// initial members, or joined a cluster).
+func (s *Server) clustered() bool { return len(s.id.Members) > 1 || s.id.JoinedAt != 0 }
 
 func (s *Server) open() error {
 	cfg := s.cfg
@@ -112,6 +127,7 @@ func (s *Server) open() error {
 		return err
 	}
 	s.db = db
+	s.registry.MustRegister(engine.NewMetricsCollector(db))
 	if err := s.loadOrCreateIdentity(); err != nil {
 		return err
 	}
@@ -119,8 +135,12 @@ func (s *Server) open() error {
 		if err := s.startMembership(); err != nil {
 			return err
 		}
-		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.membership.Resolve, s.log)
-		s.rpc = kvapi.NewClient(s.membership.Resolve)
+		dialOpts, err := s.cfg.peerDialOptions()
+		if err != nil {
+			return err
+		}
+		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.membership.Resolve, s.log, dialOpts...)
+		s.rpc = kvapi.NewClient(s.membership.Resolve, dialOpts...)
 	}
 	var transport raftgroup.Transport
 	if s.transport != nil {
@@ -134,6 +154,7 @@ func (s *Server) open() error {
 		Workers:        cfg.RaftWorkers,
 		Logger:         s.log,
 		Registerer:     s.registry,
+		NewReplica:     s.newReplica,
 	}, db, transport)
 	if err != nil {
 		return err
@@ -151,11 +172,14 @@ func (s *Server) open() error {
 	}
 	s.tso = tso.NewClient(s.oracle, nil)
 	s.hub = etcdcompat.NewHub(etcdcompat.HubConfig{Registerer: s.registry}, nil)
-	pm := partition.NewMetrics(s.registry)
+	s.pm = partition.NewMetrics(s.registry)
+	s.parts = make(map[uint64]*partition.Partition)
 
-	// Partitions and their routes; the store's forwarders are bound below.
+	// Partitions and their routes. This node opens a replica of every
+	// group it has raft state for, and on a new store bootstraps those the
+	// initial placement gives it; replicas added later are created when
+	// their leader first contacts this node (newReplica).
 	var routes []kvapi.Route
-	var closeFwd []*forwardCloser
 	bounds := append([]string{""}, s.id.SplitPoints...)
 	for i, start := range bounds {
 		id := uint64(kvapi.FirstPartition + i)
@@ -164,26 +188,35 @@ func (s *Server) open() error {
 			end = []byte(bounds[i+1])
 		}
 		rt := kvapi.Route{ID: id, Start: []byte(start), End: end}
-		if hosts(initialConf(id, s.id.Members, s.id.Replicas), s.id.MemberID) {
-			fc := &forwardCloser{}
-			closeFwd = append(closeFwd, fc)
-			p, err := partition.New(partition.Config{
-				ID: id, Start: []byte(start), End: end,
-				DB: db, Revisions: s.tso, Leases: s.meta, Metrics: pm, Logger: s.log,
-				ForwardClose: fc.forward,
-			})
+		has, err := raftgroup.HasState(db, id)
+		if err != nil {
+			return err
+		}
+		boot := s.bootConf(id) != nil
+		if has || boot {
+			// A replica added after bootstrap has the span it persisted
+			// with its snapshot (or none yet).
+			var pStart, pEnd []byte
+			if boot {
+				pStart, pEnd = rt.Start, rt.End
+			}
+			p, err := s.newPartition(id, pStart, pEnd)
 			if err != nil {
 				return err
 			}
-			fc.id = id
-			s.parts = append(s.parts, p)
-			rt.Local = p
+			s.parts[id] = p
+			// A cluster member's replica serves once it hears a leader
+			// (serveIfReady): it may have been replaced while this node
+			// was down, and would never catch up.
+			if p.Initialized() && !s.clustered() {
+				rt.Local = p
+			}
 		}
 		// The hub knows a local replica's closed revision; another node's
 		// comes with the feed.
 		closed := int64(0)
-		if rt.Local != nil {
-			closed = rt.Local.Closed()
+		if p := s.parts[id]; p != nil {
+			closed = p.Closed()
 		}
 		s.hub.AddPartition(id, closed)
 		routes = append(routes, rt)
@@ -192,12 +225,12 @@ func (s *Server) open() error {
 	if s.store, err = kvapi.NewStore(kvapi.Config{
 		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
 		RPC: s.rpc, LeaderHint: s.leaderHint, Logger: s.log, Quota: s.quota.check,
-		Groups: s.groupStatus, Alive: s.alive,
+		Groups: s.groupStatus, Alive: s.alive, ClusterInfo: s.clusterInfo,
 	}); err != nil {
 		return err
 	}
 	s.quota.store = s.store
-	for _, fc := range closeFwd {
+	for _, fc := range s.closeFwd {
 		fc.f = s.store.ForwardClose(fc.id)
 	}
 	if s.clustered() {
@@ -210,13 +243,18 @@ func (s *Server) open() error {
 	}
 	s.hub.SetSource(s.store)
 	// Events applied before a restart are in the event logs, not the hub:
-	// the partitions' feeds start at the TSO's recovered revision.
-	s.hub.SetHistoryStart(s.oracle.End() + 1)
+	// the partitions' feeds start at the TSO's recovered revision (on a
+	// node that joined, at the revision the cluster had then).
+	s.hub.SetHistoryStart(max(s.oracle.End(), s.id.JoinedAt) + 1)
 	s.store.StartFeeds(s.hub)
 
 	for _, g := range s.groupIDs() {
-		cs := initialConf(g, s.id.Members, s.id.Replicas)
-		if !hosts(cs, s.id.MemberID) {
+		has, err := raftgroup.HasState(db, g)
+		if err != nil {
+			return err
+		}
+		boot := s.bootConf(g)
+		if !has && boot == nil {
 			continue
 		}
 		var sm raftgroup.StateMachine
@@ -226,23 +264,22 @@ func (s *Server) open() error {
 		case kvapi.MetaGroup:
 			sm = s.meta
 		default:
-			sm = s.partitionByID(g)
+			sm = s.parts[g]
 		}
-		grp, err := s.host.CreateGroupConf(g, &cs, sm)
+		grp, err := s.host.CreateGroupConf(g, boot, sm)
 		if err != nil {
 			return err
 		}
-		switch g {
-		case kvapi.TSOGroup:
-			s.oracle.Bind(grp)
-		case kvapi.MetaGroup:
-			s.meta.Bind(grp)
-		default:
-			s.partitionByID(g).Bind(grp)
-		}
+		sm.(raftgroup.Binder).Bind(grp)
 		// A fresh cluster elects its preferred leaders first.
 		if s.clustered() && grp.Status().Commit == raftgroup.InitialIndex && preferredLeader(g, s.id.Members) == s.id.MemberID {
 			grp.Campaign()
+		}
+	}
+	if !s.id.Bootstrapped {
+		s.id.Bootstrapped = true
+		if err := s.saveIdentity(); err != nil {
+			return err
 		}
 	}
 	if s.clustered() {
@@ -261,9 +298,10 @@ func (s *Server) open() error {
 	s.store.StartLeaseExpiry(500 * time.Millisecond)
 	s.quota.start()
 	if s.clustered() {
-		s.wg.Add(2)
+		s.wg.Add(3)
 		go s.balanceLeaders()
 		go s.publishLeads()
+		go s.manageReplicas()
 	}
 	return nil
 }
@@ -288,15 +326,6 @@ func (s *Server) groupIDs() []uint64 {
 		ids = append(ids, uint64(kvapi.FirstPartition+i))
 	}
 	return ids
-}
-
-func (s *Server) partitionByID(id uint64) *partition.Partition {
-	for _, p := range s.parts {
-		if p.ID() == id {
-			return p
-		}
-	}
-	return nil
 }
 
 // groupStatus returns the status of this node's replica of group.
@@ -373,13 +402,16 @@ func (s *Server) waitLeaders(ctx context.Context) error {
 
 func (s *Server) serve() error {
 	s.etcd = etcdcompat.New(etcdcompat.Config{
+		Registerer:             s.registry,
 		Store:                  s.store,
 		Hub:                    s.hub,
 		Maintenance:            &maintenance{s: s},
 		ClusterID:              s.id.ClusterID,
 		MemberID:               s.id.MemberID,
 		Members:                s.members,
-		Term:                   func() uint64 { return s.host.Group(kvapi.MetaGroup).Status().Term },
+		MemberAdd:              s.memberAdd,
+		MemberRemove:           s.memberRemove,
+		Term:                   s.metaTerm,
 		HasLeader:              s.hasLeader,
 		MaxRequestBytes:        s.cfg.MaxRequestBytes,
 		MaxTxnOps:              s.cfg.MaxTxnOps,
@@ -395,6 +427,9 @@ func (s *Server) serve() error {
 	mux.HandleFunc("/health", s.handleHealth)
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", s.handleHealth)
+	if s.cfg.DiskFaults != nil {
+		mux.Handle("/debug/diskfault", s.cfg.DiskFaults.Handler())
+	}
 	if s.cfg.EnablePprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -402,14 +437,24 @@ func (s *Server) serve() error {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	}
+	var tlsConfig *tls.Config
 	for _, u := range s.cfg.ListenClientURLs {
-		addr, _ := listenAddr(u)
+		addr, useTLS, _ := clientListenAddr(u)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("server: listen on %s: %w", u, err)
 		}
 		s.listeners = append(s.listeners, l)
-		s.clientURL = append(s.clientURL, "http://"+l.Addr().String())
+		scheme := "http://"
+		if useTLS {
+			if tlsConfig == nil {
+				if tlsConfig, err = s.cfg.clientTLSConfig(); err != nil {
+					return err
+				}
+			}
+			l, scheme = tls.NewListener(l, tlsConfig), "https://"
+		}
+		s.clientURL = append(s.clientURL, scheme+l.Addr().String())
 		m := cmux.New(l)
 		grpcL := m.Match(cmux.HTTP2())
 		httpL := m.Match(cmux.Any())
@@ -419,12 +464,20 @@ func (s *Server) serve() error {
 		s.goServe(func() error { return m.Serve() })
 	}
 	for _, u := range s.cfg.ListenMetricsURLs {
-		addr, _ := listenAddr(u)
+		addr, useTLS, _ := clientListenAddr(u)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("server: listen on %s: %w", u, err)
 		}
 		s.listeners = append(s.listeners, l)
+		if useTLS {
+			if tlsConfig == nil {
+				if tlsConfig, err = s.cfg.clientTLSConfig(); err != nil {
+					return err
+				}
+			}
+			l = tls.NewListener(l, tlsConfig)
+		}
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		s.goServe(func() error { return hs.Serve(l) })
 	}
@@ -467,36 +520,40 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"health":"true","reason":""}`))
 }
 
-func (s *Server) members() []*pb.Member {
-	client := map[uint64][]string{}
-	if s.membership != nil {
-		for _, n := range s.membership.Nodes() {
-			client[n.Info.ID] = n.Info.ClientURLs
-		}
-	}
-	client[s.id.MemberID] = s.cfg.AdvertiseClientURLs
-	var out []*pb.Member
-	for _, m := range s.id.Members {
-		out = append(out, &pb.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: client[m.ID]})
-	}
-	return out
-}
-
 // HasLeader reports whether the node knows a leader of the meta group:
 // watches with etcd's require-leader metadata are served.
 func (s *Server) HasLeader() bool { return s.hasLeader() }
 
 // hasLeader reports whether the node knows a leader of the meta group (the
-// cluster can serve).
+// cluster can serve): its own replica's, or, on a node that has none yet,
+// gossip's.
 func (s *Server) hasLeader() bool {
-	g := s.host.Group(kvapi.MetaGroup)
-	return g != nil && g.Status().Lead != 0
+	if g := s.host.Group(kvapi.MetaGroup); g != nil {
+		return g.Status().Lead != 0
+	}
+	return s.leaderHint(kvapi.MetaGroup) != 0
+}
+
+// metaTerm is the meta group's raft term as this node knows it.
+func (s *Server) metaTerm() uint64 {
+	if g := s.host.Group(kvapi.MetaGroup); g != nil {
+		return g.Status().Term
+	}
+	return 0
 }
 
 // servePeers serves the raft transport and the internal API on the peer
 // listen URLs.
 func (s *Server) servePeers() error {
-	s.peerGRPC = grpc.NewServer(rpccodec.PeerServerOptions()...)
+	opts := rpccodec.PeerServerOptions()
+	creds, _, err := s.cfg.peerCredentials()
+	if err != nil {
+		return err
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	s.peerGRPC = grpc.NewServer(opts...)
 	raftgroup.RegisterService(s.peerGRPC, s.host)
 	kvapi.RegisterInternalService(s.peerGRPC, s.store)
 	for _, u := range s.cfg.ListenPeerURLs {
@@ -511,6 +568,9 @@ func (s *Server) servePeers() error {
 		s.listeners = append(s.listeners, l)
 		if s.peerURL == "" {
 			s.peerURL = "http://" + l.Addr().String()
+			if creds != nil {
+				s.peerURL = "https://" + l.Addr().String()
+			}
 		}
 		s.goServe(func() error { return s.peerGRPC.Serve(l) })
 	}
@@ -601,9 +661,11 @@ func (s *Server) closeStorage() {
 	if s.quota != nil {
 		s.quota.stop()
 	}
+	s.partsMu.Lock()
 	for _, p := range s.parts {
 		p.Close()
 	}
+	s.partsMu.Unlock()
 	if s.host != nil {
 		s.host.Stop()
 	}
@@ -633,4 +695,32 @@ func (s *Server) Leading() []uint64 {
 		}
 	}
 	return out
+}
+
+// GroupStatus returns the status of this node's replica of group id, if it
+// has one.
+func (s *Server) GroupStatus(id uint64) (raftgroup.Status, bool) { return s.groupStatus(id) }
+
+// GroupIDs lists the cluster's raft groups (the TSO, the meta group, the
+// partitions).
+func (s *Server) GroupIDs() []uint64 { return s.groupIDs() }
+
+// Removed is closed when the node learns it was removed from the cluster
+// (etcd's MemberRemove); the process should then stop, as a removed etcd
+// member does.
+func (s *Server) Removed() <-chan struct{} { return s.removed }
+
+// MemberID returns the node's member ID.
+func (s *Server) MemberID() uint64 { return s.id.MemberID }
+
+// MoveLeader hands this node's leadership of group id to node to (the TSO
+// first shrinks its window, as on every planned move). It reports whether
+// this node led the group.
+func (s *Server) MoveLeader(id, to uint64) bool {
+	g := s.host.Group(id)
+	if g == nil || !g.Status().IsLeader {
+		return false
+	}
+	s.transferLeadership(g, to)
+	return true
 }

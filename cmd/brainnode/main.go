@@ -5,9 +5,11 @@ package main
 
 import (
 	"fmt"
+	"github.com/brainkv/brain/internal/diskfault"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/brainkv/brain/etcdcompat"
 	"github.com/brainkv/brain/server"
@@ -33,13 +35,21 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 		SilenceUsage:  true,
 		SilenceErrors: false,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if os.Getenv("BRAIN_DISK_FAULTS") == "1" {
+				// chaos runs only: disk faults switched at runtime through
+				// /debug/diskfault (see internal/diskfault).
+				cfg.DiskFaults = new(diskfault.Injector)
+			}
 			s, err := server.New(cfg)
 			if err != nil {
 				return err
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-			<-sig
+			select {
+			case <-sig:
+			case <-s.Removed():
+			}
 			s.Stop()
 			return nil
 		},
@@ -61,12 +71,24 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Var(msDuration{&cfg.HeartbeatInterval}, "heartbeat-interval", "Time of a heartbeat interval (default 100ms); a plain number is milliseconds, as in etcd.")
 	f.Var(msDuration{&cfg.ElectionTimeout}, "election-timeout", "Time for an election to timeout (default 1s); a plain number is milliseconds, as in etcd.")
 	f.DurationVar(&cfg.WatchProgressNotifyInterval, "watch-progress-notify-interval", 0, "Interval of progress notifications to idle watches that ask for them (default 10m).")
+	f.StringVar(&cfg.CertFile, "cert-file", "", "Path to the client server TLS cert file (for https client URLs).")
+	f.StringVar(&cfg.KeyFile, "key-file", "", "Path to the client server TLS key file.")
+	f.StringVar(&cfg.TrustedCAFile, "trusted-ca-file", "", "Path to the client server TLS trusted CA cert file.")
+	f.BoolVar(&cfg.ClientCertAuth, "client-cert-auth", false, "Enable client cert authentication.")
+	f.StringVar(&cfg.PeerCertFile, "peer-cert-file", "", "Path to the peer server TLS cert file (every peer URL must then be https).")
+	f.StringVar(&cfg.PeerKeyFile, "peer-key-file", "", "Path to the peer server TLS key file.")
+	f.StringVar(&cfg.PeerTrustedCAFile, "peer-trusted-ca-file", "", "Path to the peer server TLS trusted CA file.")
+	f.BoolVar(&cfg.PeerClientCertAuth, "peer-client-cert-auth", false, "Enable peer client cert authentication.")
 	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "Serve runtime profiling data at /debug/pprof/ on client URLs.")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "Log level: debug, info, warn, error.")
 	f.StringSliceVar(&cfg.InitialSplitPoints, "initial-split-points", server.DefaultSplitPoints, "brain: keys at which a new store splits its keyspace into partitions (ignored once the store exists).")
 	f.Int64Var(&cfg.TSOWindow, "tso-window", 1000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
+	f.IntVar(&cfg.Replicas, "replicas", 3, "brain: replicas of each partition, the TSO and the meta group (fewer if the cluster has fewer members); fixed when the cluster is created.")
+	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
+	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
+	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
 	cmd.AddCommand(snapshotCmd(), versionCmd())
 	return cmd
 }

@@ -28,7 +28,11 @@ func StartCluster(t testing.TB, n int, base server.Config) *Cluster {
 		cfg := base
 		cfg.Name = fmt.Sprintf("n%d", i+1)
 		cfg.DataDir = filepath.Join(dir, cfg.Name)
-		peer := fmt.Sprintf("http://127.0.0.1:%d", FreePortPair(t))
+		scheme := "http"
+		if base.PeerCertFile != "" {
+			scheme = "https"
+		}
+		peer := fmt.Sprintf("%s://127.0.0.1:%d", scheme, FreePortPair(t))
 		cfg.ListenPeerURLs = []string{peer}
 		cfg.InitialAdvertisePeerURLs = []string{peer}
 		cfg.ListenClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))}
@@ -94,4 +98,28 @@ func (c *Cluster) Endpoints() []string {
 		eps = append(eps, c.Endpoint(i))
 	}
 	return eps
+}
+
+// Join starts a new node that joins the cluster through node via's client
+// URL (--join) and returns its index.
+func (c *Cluster) Join(via int, base server.Config) int {
+	c.t.Helper()
+	dir := filepath.Dir(c.Configs[0].DataDir)
+	cfg := c.Configs[0]
+	cfg.Name = fmt.Sprintf("n%d", len(c.Configs)+1)
+	cfg.DataDir = filepath.Join(dir, cfg.Name)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePortPair(c.t))
+	cfg.ListenPeerURLs = []string{peer}
+	cfg.InitialAdvertisePeerURLs = []string{peer}
+	cfg.ListenClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", FreePort(c.t))}
+	cfg.InitialCluster = cfg.Name + "=" + peer
+	cfg.Join = "http://" + c.Endpoint(via)
+	cfg.Logger = base.Logger
+	if cfg.Logger == nil {
+		cfg.Logger = Quiet().With("node", cfg.Name)
+	}
+	c.Configs = append(c.Configs, cfg)
+	c.Nodes = append(c.Nodes, nil)
+	c.Start(len(c.Configs) - 1)
+	return len(c.Configs) - 1
 }

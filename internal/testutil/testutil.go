@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +142,16 @@ func Client(t testing.TB, endpoint string) *clientv3.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// ArtifactPath names a file a test writes only when it fails (such as
+// porcupine's visualization) and that must outlive the test's temp dir:
+// under $BRAIN_TEST_ARTIFACTS, else the system temp dir.
+func ArtifactPath(t testing.TB, name string) string {
+	dir := os.Getenv("BRAIN_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	safe := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	return filepath.Join(dir, fmt.Sprintf("%s-%d-%s", safe, time.Now().UnixNano(), name))
 }
