@@ -3,10 +3,11 @@ module github.com/brainkv/brain/test/k8s
 go 1.26.8
 
 require (
+	github.com/brainkv/brain/test/k8s/brainproc v0.0.0-00010101000000-000000000000
 	github.com/google/go-cmp v0.7.0
 	github.com/stretchr/testify v1.11.1
 	go.etcd.io/etcd/client/v3 v3.7.0
-	go.uber.org/zap v1.27.1
+	go.uber.org/zap v1.27.1 // indirect
 	google.golang.org/grpc v1.82.1
 	k8s.io/apimachinery v0.37.2
 	k8s.io/apiserver v0.37.2
@@ -92,3 +93,7 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+// The brainnode process helper is a module of its own, shared with the
+// kube-apiserver 1.32 module in ./v0.32.
+replace github.com/brainkv/brain/test/k8s/brainproc => ./brainproc

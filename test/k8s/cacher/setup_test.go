@@ -45,7 +45,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
-	"github.com/brainkv/brain/test/k8s/internal/brainproc"
+	"github.com/brainkv/brain/test/k8s/brainproc"
+	"github.com/brainkv/brain/test/k8s/internal/brainclient"
 )
 
 var (
@@ -278,7 +279,7 @@ func withTransformer(transformer value.Transformer) setupOption {
 
 // newEtcdTestStorageWithOptions is upstream's, on brainnode.
 func newEtcdTestStorageWithOptions(t testing.TB, prefix string, codec runtime.Codec, transformer value.Transformer) (*kubernetes.Client, storage.Interface) {
-	client := brainproc.RunBrain(t, brainproc.Options{})
+	client := brainclient.RunBrain(t, brainproc.Options{})
 	versioner := storage.APIObjectVersioner{}
 	compactor := etcd3.NewCompactor(client.Client, 0, clock.RealClock{}, nil)
 	t.Cleanup(compactor.Stop)
@@ -299,7 +300,7 @@ func newEtcdTestStorageWithOptions(t testing.TB, prefix string, codec runtime.Co
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	brainproc.WaitForRequestWatchProgressSupport(t)
+	brainclient.WaitForRequestWatchProgressSupport(t)
 	return client, s
 }
 

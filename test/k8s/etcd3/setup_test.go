@@ -39,7 +39,8 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/utils/clock"
 
-	"github.com/brainkv/brain/test/k8s/internal/brainproc"
+	"github.com/brainkv/brain/test/k8s/brainproc"
+	"github.com/brainkv/brain/test/k8s/internal/brainclient"
 )
 
 var scheme = runtime.NewScheme()
@@ -404,7 +405,7 @@ func testSetup(t testing.TB, opts ...setupOption) (context.Context, *testStore, 
 	for _, opt := range opts {
 		opt(&setupOpts)
 	}
-	client := brainproc.RunBrain(t, setupOpts.brain)
+	client := brainclient.RunBrain(t, setupOpts.brain)
 	versioner := storage.APIObjectVersioner{}
 	compactor := etcd3.NewCompactor(client.Client, 0, clock.RealClock{}, nil)
 	t.Cleanup(compactor.Stop)
@@ -427,7 +428,7 @@ func testSetup(t testing.TB, opts ...setupOption) (context.Context, *testStore, 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	brainproc.WaitForRequestWatchProgressSupport(t)
+	brainclient.WaitForRequestWatchProgressSupport(t)
 	// As etcd3.New computes it.
 	pathPrefix := path.Join("/", setupOpts.prefix)
 	if !strings.HasSuffix(pathPrefix, "/") {

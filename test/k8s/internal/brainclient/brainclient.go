@@ -1,0 +1,50 @@
+// Package brainclient connects kube-apiserver 1.37's etcd client to
+// brainnodes started by the shared brainproc module, the way
+// k8s.io/apiserver v0.37's tests connect it to an embedded etcd.
+package brainclient
+
+import (
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/kubernetes"
+
+	"k8s.io/apiserver/pkg/storage"
+	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
+	storagetesting "k8s.io/apiserver/pkg/storage/testing"
+
+	"github.com/brainkv/brain/test/k8s/brainproc"
+)
+
+// RunBrain starts a brainnode (a cluster of $BRAIN_K8S_NODES) for t and
+// returns kube-apiserver's etcd client for it, wrapped in the request
+// recorders of k8s.io/apiserver/pkg/storage/testing exactly as
+// k8s.io/apiserver/pkg/storage/etcd3/testserver.RunEtcd does.
+func RunBrain(t testing.TB, opts brainproc.Options) *kubernetes.Client {
+	t.Helper()
+	client := brainproc.Start(t, opts).NewClient(t)
+	kubernetesRecorder := storagetesting.NewKubernetesRecorder(client.Kubernetes)
+	client.KV = storagetesting.NewKVRecorder(client.KV, kubernetesRecorder)
+	client.Kubernetes = kubernetesRecorder
+	return client
+}
+
+// WaitForRequestWatchProgressSupport waits (up to 10s) for kube-apiserver's
+// process-wide etcd feature checker to decide that the endpoints support
+// RequestWatchProgress. etcd3.New starts that check in the background from
+// the version brainnode reports in Status; the watch cache serves
+// consistent reads only once it is known. Upstream tests race with the
+// check; waiting makes the first test of a process deterministic. If the
+// check does not come out positive the test is not failed here: the tests
+// that depend on it (ConsistentList) report it.
+func WaitForRequestWatchProgressSupport(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !etcdfeature.DefaultFeatureSupportChecker.Supports(storage.RequestWatchProgress) {
+		if time.Now().After(deadline) {
+			t.Logf("RequestWatchProgress still not reported as supported after 10s (brainnode's Status version must be >= 3.4.31 and not 3.5.0-3.5.12)")
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
