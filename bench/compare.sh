@@ -2,12 +2,14 @@
 # compare.sh benchmarks brain against the reference etcd 3.6 side by side.
 #
 # It builds brainnode, etcdref (etcd 3.6 from go.etcd.io/etcd/server/v3/embed)
-# and brainbench, starts one of each server on free loopback ports with fresh
-# data directories, runs `brainbench all` and `brainbench watch` against
-# brain and then against etcd with the same parameters, prints a table of
-# brain/etcd ratios, and stops both servers. It exits non-zero if any
-# benchmark failed (errors or a failed watch verification) or a server did
-# not start or stop cleanly.
+# and brainbench; starts a brain cluster of NODES nodes on free loopback
+# ports with fresh data directories, runs `brainbench all` and `brainbench
+# watch` against it (clients spread over every node), stops it, does the
+# same with an etcd cluster of NODES members, and prints a table of
+# brain/etcd ratios. It exits non-zero if any benchmark failed (errors or a
+# failed watch verification) or a server did not start or stop cleanly.
+#
+#   bench/compare.sh --nodes 3      # 3-node brain vs 3-member etcd
 #
 # Every parameter can be set as an environment variable or as a flag:
 #
@@ -29,6 +31,8 @@ RATE=${RATE:-500}                 # writes/s during the watch benchmark
 WATCH_DURATION=${WATCH_DURATION:-10s}
 WATCH_KEYS=${WATCH_KEYS:-1000}    # keys the watch writes cycle over
 SEED=${SEED:-1}
+NODES=${NODES:-1}                 # nodes of each cluster
+RESOURCES=${RESOURCES:-configmaps,events,leases,pods} # create/update/put spread over these (empty: one prefix)
 QUOTA=${QUOTA:-8589934592}        # --quota-backend-bytes of both servers
 BIN_DIR=${BIN_DIR:-}              # where to build; default: the temp dir
 KEEP=${KEEP:-0}                   # 1: keep the temp dir (data, logs, JSON)
@@ -36,7 +40,7 @@ KEEP=${KEEP:-0}                   # 1: keep the temp dir (data, logs, JSON)
 usage() {
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 	echo "Flags (environment variable in brackets, current value after =):"
-	for v in CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED QUOTA BIN_DIR KEEP; do
+	for v in CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP; do
 		flag=$(echo "$v" | tr 'A-Z_' 'a-z-')
 		printf '  --%-16s [%s] = %s\n' "$flag" "$v" "${!v}"
 	done
@@ -50,7 +54,7 @@ while [[ $# -gt 0 ]]; do
 	--*)
 		[[ $# -ge 2 ]] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
 		var=$(echo "${1#--}" | tr 'a-z-' 'A-Z_')
-		case " CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED QUOTA BIN_DIR KEEP " in
+		case " CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP " in
 		*" $var "*) printf -v "$var" '%s' "$2" ;;
 		*) echo "compare.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
 		esac
@@ -106,19 +110,63 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# start_server NAME ENDPOINT CMD...: start a server in the background and
-# wait until it serves reads.
+# start_server NAME ENDPOINT CMD...: start a server in the background.
 start_server() {
 	local name=$1 endpoint=$2
 	shift 2
 	say "starting $name on $endpoint"
 	"$@" >"$WORK/$name.log" 2>&1 &
 	PID[$name]=$!
-	if ! "$BIN/brainbench" wait --endpoints "$endpoint" --timeout 60s; then
-		say "$name did not become ready; last log lines:"
-		tail -n 20 "$WORK/$name.log" >&2
-		exit 1
-	fi
+}
+
+# wait_ready NAME ENDPOINTS: wait until the cluster serves through every
+# endpoint.
+wait_ready() {
+	local name=$1 ep
+	for ep in ${2//,/ }; do
+		if ! "$BIN/brainbench" wait --endpoints "$ep" --timeout 60s; then
+			say "$name did not become ready on $ep; last log lines:"
+			tail -n 20 "$WORK/$name"*.log >&2
+			exit 1
+		fi
+	done
+}
+
+# start_cluster KIND: start NODES members of brain or etcd; sets EPS to
+# their client endpoints, comma separated.
+start_cluster() {
+	local kind=$1 i initial="" eps=()
+	local -a ports
+	mapfile -t ports < <("$BIN/brainbench" free-ports -n $((2 * NODES)))
+	for ((i = 0; i < NODES; i++)); do
+		initial+="${initial:+,}$kind$i=http://127.0.0.1:${ports[2 * i + 1]}"
+		eps+=("127.0.0.1:${ports[2 * i]}")
+	done
+	for ((i = 0; i < NODES; i++)); do
+		local ep=${eps[i]} peer=http://127.0.0.1:${ports[2 * i + 1]}
+		local name=$kind$i
+		[[ $NODES -eq 1 ]] && name=$kind
+		if [[ $kind == brain ]]; then
+			start_server "$name" "$ep" "$BIN/brainnode" --name "$kind$i" --data-dir "$WORK/$name.data" \
+				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA" --log-level warn
+		else
+			start_server "$name" "$ep" "$BIN/etcdref" --name "$kind$i" --data-dir "$WORK/$name.data" \
+				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" \
+				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA"
+		fi
+	done
+	EPS=$(IFS=,; echo "${eps[*]}")
+	wait_ready "$kind" "$EPS"
+}
+
+# stop_cluster KIND: stop every member of the cluster.
+stop_cluster() {
+	local name
+	for name in "${!PID[@]}"; do
+		[[ $name == "$1"* ]] && stop_server "$name"
+	done
+	return 0
 }
 
 # run_benchmarks NAME ENDPOINT: run all and watch, appending JSON results
@@ -131,16 +179,20 @@ run_benchmarks() {
 	printf '\n### %s (%s)\n' "$name" "$endpoint"
 	say "$name: create, update, put, list (total $TOTAL, list-total $LIST_TOTAL, keys $KEYS)"
 	"$BIN/brainbench" all "${common[@]}" --total "$TOTAL" --list-total "$LIST_TOTAL" \
-		--keys "$KEYS" --page-size "$PAGE_SIZE" || { say "$name: all FAILED"; FAILED=1; }
+		--keys "$KEYS" --page-size "$PAGE_SIZE" --resources "$RESOURCES" || { say "$name: all FAILED"; FAILED=1; }
 	say "$name: watch ($WATCHERS watchers, $RATE writes/s for $WATCH_DURATION)"
 	"$BIN/brainbench" watch "${common[@]}" --watchers "$WATCHERS" --rate "$RATE" \
 		--duration "$WATCH_DURATION" --keys "$WATCH_KEYS" || { say "$name: watch FAILED"; FAILED=1; }
-	if ! kill -0 "${PID[$name]}" 2>/dev/null; then
-		say "$name died during the benchmarks; last log lines:"
-		tail -n 20 "$WORK/$name.log" >&2
-		unset "PID[$name]"
-		FAILED=1
-	fi
+	local member
+	for member in "${!PID[@]}"; do
+		[[ $member == "$name"* ]] || continue
+		if ! kill -0 "${PID[$member]}" 2>/dev/null; then
+			say "$member died during the benchmarks; last log lines:"
+			tail -n 20 "$WORK/$member.log" >&2
+			unset "PID[$member]"
+			FAILED=1
+		fi
+	done
 }
 
 say "building into $BIN"
@@ -149,24 +201,17 @@ mkdir -p "$BIN"
 	go build -o "$BIN/etcdref" ./cmd/etcdref &&
 	go build -o "$BIN/brainbench" ./cmd/brainbench)
 
-mapfile -t PORTS < <("$BIN/brainbench" free-ports -n 4)
-BRAIN_EP=127.0.0.1:${PORTS[0]}
-ETCD_EP=127.0.0.1:${PORTS[2]}
-
-start_server brain "$BRAIN_EP" "$BIN/brainnode" --data-dir "$WORK/brain.data" \
-	--listen-client-urls "http://$BRAIN_EP" --listen-peer-urls "http://127.0.0.1:${PORTS[1]}" \
-	--quota-backend-bytes "$QUOTA" --log-level warn
-start_server etcd "$ETCD_EP" "$BIN/etcdref" --data-dir "$WORK/etcd.data" \
-	--listen-client-urls "http://$ETCD_EP" --listen-peer-urls "http://127.0.0.1:${PORTS[3]}" \
-	--quota-backend-bytes "$QUOTA"
-
-say "parameters: clients $CLIENTS, conns $CONNS, value $VALUE_SIZE B, $(nproc) CPUs"
-run_benchmarks brain "$BRAIN_EP"
-run_benchmarks etcd "$ETCD_EP"
-
-say "data directory sizes: brain $(du -sh "$WORK/brain.data" | cut -f1), etcd $(du -sh "$WORK/etcd.data" | cut -f1)"
-stop_server brain
-stop_server etcd
+say "parameters: $NODES node(s) per cluster, clients $CLIENTS, conns $CONNS, value $VALUE_SIZE B, $(nproc) CPUs"
+# One cluster at a time, so neither competes with the other's background
+# work (heartbeats, compaction) for the CPUs.
+start_cluster brain
+run_benchmarks brain "$EPS"
+say "brain data: $(du -sch "$WORK"/brain*.data | tail -1 | cut -f1)"
+stop_cluster brain
+start_cluster etcd
+run_benchmarks etcd "$EPS"
+say "etcd data: $(du -sch "$WORK"/etcd*.data | tail -1 | cut -f1)"
+stop_cluster etcd
 
 echo
 echo "brain vs etcd 3.6 (thru ratio > 1: brain faster; p99 ratio < 1: brain lower latency)"

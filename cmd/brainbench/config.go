@@ -18,6 +18,10 @@ type Config struct {
 	Duration  time.Duration // run time per benchmark; 0: bounded by Total only
 	ValueSize int           // bytes per value
 	KeyPrefix string        // every key the benchmark touches starts with this
+	// Resources, if set, spread the keys of create, update and put over
+	// /registry/<resource>/bench/ for these resources, key i under
+	// resource i mod len, as a Kubernetes cluster writes many resources.
+	Resources []string
 	Keys      int           // key space size for update, put, list and watch
 	Seed      int64         // seeds the per-worker random generators
 	PageSize  int           // list: keys per page
@@ -100,6 +104,15 @@ func (c *Config) conns() int { return min(c.Conns, c.Clients) }
 // create wrote before it.
 func keyName(prefix, group string, i int64) string {
 	return prefix + group + "-" + zeroPad(i)
+}
+
+// writeKey returns key i of a write benchmark's group: under KeyPrefix, or
+// spread over Resources.
+func (c *Config) writeKey(group string, i int64) string {
+	if len(c.Resources) == 0 {
+		return keyName(c.KeyPrefix, group, i)
+	}
+	return keyName("/registry/"+c.Resources[i%int64(len(c.Resources))]+"/bench/", group, i)
 }
 
 // groupPrefix is the prefix shared by all keys of a group.

@@ -24,7 +24,7 @@ const (
 func RunCreate(ctx context.Context, cfg Config) (Result, error) {
 	group := "create-" + runID()
 	return runKV(ctx, "create", cfg, nil, func(ctx context.Context, w *worker, seq int64) error {
-		return create(ctx, w, keyName(cfg.KeyPrefix, group, seq), seq)
+		return create(ctx, w, cfg.writeKey(group, seq), seq)
 	})
 }
 
@@ -35,7 +35,7 @@ func RunCreate(ctx context.Context, cfg Config) (Result, error) {
 func RunUpdate(ctx context.Context, cfg Config) (Result, error) {
 	pre := &populate{group: groupUpdate, n: cfg.Keys}
 	return runKV(ctx, "update", cfg, pre, func(ctx context.Context, w *worker, seq int64) error {
-		key := keyName(cfg.KeyPrefix, groupUpdate, w.rng.Int64N(int64(cfg.Keys)))
+		key := cfg.writeKey(groupUpdate, w.rng.Int64N(int64(cfg.Keys)))
 		return guaranteedUpdate(ctx, w, key, seq, cfg.MaxRetries)
 	})
 }
@@ -43,7 +43,7 @@ func RunUpdate(ctx context.Context, cfg Config) (Result, error) {
 // RunPut measures plain puts of random keys of the key space.
 func RunPut(ctx context.Context, cfg Config) (Result, error) {
 	return runKV(ctx, "put", cfg, nil, func(ctx context.Context, w *worker, seq int64) error {
-		key := keyName(cfg.KeyPrefix, groupPut, w.rng.Int64N(int64(cfg.Keys)))
+		key := cfg.writeKey(groupPut, w.rng.Int64N(int64(cfg.Keys)))
 		_, err := w.cli.Put(ctx, key, string(stamp(w.value, seq)))
 		return err
 	})
@@ -104,7 +104,11 @@ func fill(ctx context.Context, cfg Config, p *pool, name string, pre *populate) 
 	fc := cfg
 	fc.Total, fc.Duration = int64(pre.n), 0
 	s := runLoad(ctx, name+"/populate", fc, p, func(ctx context.Context, w *worker, seq int64) error {
-		_, err := w.cli.Put(ctx, keyName(cfg.KeyPrefix, pre.group, seq), string(stamp(w.value, seq)))
+		key := cfg.writeKey(pre.group, seq)
+		if pre.group == groupList { // a list reads one prefix
+			key = keyName(cfg.KeyPrefix, pre.group, seq)
+		}
+		_, err := w.cli.Put(ctx, key, string(stamp(w.value, seq)))
 		return err
 	}, nil)
 	if s.errors > 0 {

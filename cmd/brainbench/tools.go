@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -59,21 +60,36 @@ func freePortsCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of ports")
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of ports (each with port+1 free too)")
 	return cmd
 }
 
-// freePorts returns n distinct free ports; it holds them all open while
+// freePorts returns n distinct free ports p whose p+1 is free too (a brain
+// node gossips on its peer port + 1); it holds them all open while
 // choosing so that they differ.
 func freePorts(n int) ([]int, error) {
 	var ports []int
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 100*n {
+			return nil, errors.New("free-ports: no free port pairs")
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
 		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		if err != nil {
+			continue
+		}
+		defer l2.Close()
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		if err != nil {
+			continue
+		}
+		defer u.Close()
+		ports = append(ports, p)
 	}
 	return ports, nil
 }

@@ -1,4 +1,5 @@
-// Command etcdref runs a single-member etcd 3.6 server built from
+// Command etcdref runs an etcd 3.6 member (alone, or one of a cluster
+// given with --initial-cluster) built from
 // go.etcd.io/etcd/server/v3/embed, the code the real etcd binary runs, so
 // that brain can be benchmarked against the reference on the same machine
 // without downloading etcd. Every setting not exposed as a flag keeps
@@ -33,13 +34,14 @@ type flags struct {
 	peerURLs     []string
 	quotaBytes   int64
 	readyTimeout time.Duration
+	cluster      string
 }
 
 func rootCmd() *cobra.Command {
 	var fl flags
 	cmd := &cobra.Command{
 		Use:          "etcdref",
-		Short:        "etcdref runs a reference single-member etcd 3.6 server (embed)",
+		Short:        "etcdref runs a reference etcd 3.6 member (embed)",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,6 +59,7 @@ func rootCmd() *cobra.Command {
 	f.StringSliceVar(&fl.peerURLs, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "URLs to serve peers on (also advertised)")
 	f.Int64Var(&fl.quotaBytes, "quota-backend-bytes", 0, "backend size that raises the NOSPACE alarm (0: etcd's default, 2 GiB)")
 	f.DurationVar(&fl.readyTimeout, "ready-timeout", time.Minute, "give up if the server is not ready after this long")
+	f.StringVar(&fl.cluster, "initial-cluster", "", "name=peerURL,... of a new cluster's members (default: this member alone)")
 	return cmd
 }
 
@@ -76,6 +79,9 @@ func (fl *flags) config() (*embed.Config, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = clientURLs, clientURLs
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peerURLs, peerURLs
 	cfg.InitialCluster = cfg.InitialClusterFromName(fl.name)
+	if fl.cluster != "" {
+		cfg.InitialCluster = fl.cluster
+	}
 	cfg.QuotaBackendBytes = fl.quotaBytes
 	cfg.LogLevel = "warn"
 	return cfg, cfg.Validate()
