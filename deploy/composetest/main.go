@@ -182,7 +182,12 @@ func run(eps []string, container string) error {
 			break
 		}
 		if i > 300 {
-			return fmt.Errorf("watch stopped at %d events", n)
+			select {
+			case err := <-wdone:
+				return fmt.Errorf("watch stopped at %d events: it ended with %v", n, err)
+			default:
+				return fmt.Errorf("watch stopped at %d events (still open)", n)
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
