@@ -490,12 +490,13 @@ func (p *Partition) maybeCloseLocked() {
 // retries them at the next leader), and it returns once every write that
 // took one has applied here. A transfer prepared this way leaves no gap in
 // the revisions and fails no client's write. Call Resume if the transfer
-// does not happen; a new leadership term resumes by itself.
-func (p *Partition) PrepareTransfer(ctx context.Context) error {
+// does not happen; a new leadership term resumes by itself. It returns the
+// leader term it drained: transfer only that term's leadership.
+func (p *Partition) PrepareTransfer(ctx context.Context) (uint64, error) {
 	p.prop.Lock()
 	if !p.prop.ready {
 		p.prop.Unlock()
-		return ErrNotLeader
+		return 0, ErrNotLeader
 	}
 	term := p.prop.term
 	p.prop.drainTerm = term
@@ -507,14 +508,14 @@ func (p *Partition) PrepareTransfer(ctx context.Context) error {
 		p.prop.Unlock()
 		switch {
 		case !still:
-			return ErrNotLeader
+			return 0, ErrNotLeader
 		case drained:
-			return nil
+			return term, nil
 		}
 		select {
 		case <-ctx.Done():
 			p.Resume()
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}

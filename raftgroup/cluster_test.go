@@ -315,3 +315,48 @@ func TestStatusActiveDropsUnreachableReplica(t *testing.T) {
 	tr.SetFilter(nil)
 	waitActive(func(a []uint64) bool { return len(a) == 3 }, "after healing")
 }
+
+// TestTransferOnlyByTheLeaderOfItsTerm: a transfer asked of a follower is
+// dropped (raft would forward it to a leader that did not ready it), and so
+// is one for a term the leader no longer leads in; the leader's own
+// transfer for its term happens.
+func TestTransferOnlyByTheLeaderOfItsTerm(t *testing.T) {
+	tr := NewMemTransport()
+	voters := []uint64{1, 2, 3}
+	var ns []*testNode
+	for _, id := range voters {
+		n := startNode(t, tr, id, vfs.NewMem(), voters)
+		defer n.stop(t, tr)
+		ns = append(ns, n)
+	}
+	leader := waitLeader(t, groupsOf(ns...)...)
+	propose(t, leader, 3)
+	st := leader.Status()
+	var follower *Group
+	var target uint64
+	for _, g := range groupsOf(ns...) {
+		if g != leader {
+			follower, target = g, g.host.cfg.NodeID
+			break
+		}
+	}
+	stays := func(what string) {
+		t.Helper()
+		time.Sleep(500 * time.Millisecond) // a transfer takes a few ticks
+		if now := leader.Status(); !now.IsLeader || now.Term != st.Term {
+			t.Fatalf("%s moved the leadership: leader %v term %d (was %d)", what, now.IsLeader, now.Term, st.Term)
+		}
+	}
+	follower.TransferLeadership(target)
+	stays("a transfer asked of a follower")
+	leader.TransferLeadershipInTerm(target, st.Term-1)
+	stays("a transfer for an earlier term")
+	leader.TransferLeadershipInTerm(target, st.Term)
+	deadline := time.Now().Add(5 * time.Second)
+	for !follower.Status().IsLeader {
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader's transfer in its term did not happen: target %+v", follower.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

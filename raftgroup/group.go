@@ -76,6 +76,9 @@ type Status struct {
 	Applied     uint64
 	Voters      []uint64
 	Learners    []uint64
+	// LeadTransferee is, on a leader, the node a leadership transfer in
+	// progress hands leadership to (0: none).
+	LeadTransferee uint64
 	// Match is, on a leader of a group with learners, the highest log
 	// index known replicated on each replica (learner catch-up).
 	Match map[uint64]uint64
@@ -114,6 +117,7 @@ type Group struct {
 		ticks       int               // protected by inbox
 		campaign    bool              // protected by inbox
 		transfer    uint64            // protected by inbox
+		transferIn  uint64            // term transfer is for (0: any); protected by inbox
 		snapReports []snapReport      // protected by inbox
 		snapData    map[uint64][]byte // received snapshot data by index; protected by inbox
 		readIndex   []*readIndexReq   // protected by inbox
@@ -299,10 +303,18 @@ func (g *Group) Campaign() {
 	g.host.sched.enqueue(g)
 }
 
-// TransferLeadership asks the leader to hand leadership to node to.
-func (g *Group) TransferLeadership(to uint64) {
+// TransferLeadership asks the leader to hand leadership to node to. A
+// replica that is not the leader ignores it (raft would forward it to the
+// leader, which has not prepared for it).
+func (g *Group) TransferLeadership(to uint64) { g.TransferLeadershipInTerm(to, 0) }
+
+// TransferLeadershipInTerm is TransferLeadership, done only if this replica
+// still leads in term (0: any term). A caller that readied the transfer in
+// one term (a drained leader, a shrunk TSO window) must not transfer the
+// leadership of a later term, which it did not ready.
+func (g *Group) TransferLeadershipInTerm(to, term uint64) {
 	g.inbox.Lock()
-	g.inbox.transfer = to
+	g.inbox.transfer, g.inbox.transferIn = to, term
 	g.inbox.Unlock()
 	g.host.sched.enqueue(g)
 }
@@ -329,10 +341,10 @@ func (g *Group) failAllWaiters(err error) {
 func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks := g.inbox.msgs, g.inbox.props, g.inbox.ticks
-	campaign, transfer := g.inbox.campaign, g.inbox.transfer
+	campaign, transfer, transferIn := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn
 	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks = nil, nil, 0
-	g.inbox.campaign, g.inbox.transfer = false, 0
+	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn = false, 0, 0
 	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
 
@@ -369,7 +381,11 @@ func (g *Group) drainInbox() {
 		_ = g.rn.Campaign()
 	}
 	if transfer != 0 {
-		g.rn.TransferLeader(transfer)
+		if st := g.rn.BasicStatus(); st.RaftState == raft.StateLeader && (transferIn == 0 || st.Term == transferIn) {
+			g.rn.TransferLeader(transfer)
+		} else {
+			g.host.log.Info("leadership transfer not made: not the leader of that term", "group", g.id, "to", strconv.FormatUint(transfer, 16), "term", st.Term, "for_term", transferIn)
+		}
 	}
 	for i := range msgs {
 		// Errors here are messages from unknown peers or stale terms;
@@ -405,7 +421,9 @@ func (g *Group) publishStatus() {
 	g.gauges.applied.Set(float64(g.applied))
 	var match map[uint64]uint64
 	var active []uint64
+	var transferee uint64
 	if g.isLeader {
+		transferee = g.rn.BasicStatus().LeadTransferee
 		if len(g.conf.Learners) > 0 {
 			match = make(map[uint64]uint64, len(g.conf.Voters)+len(g.conf.Learners))
 		}
@@ -419,17 +437,18 @@ func (g *Group) publishStatus() {
 		})
 	}
 	g.status.Store(&Status{
-		Match:       match,
-		Active:      active,
-		ID:          g.id,
-		Term:        g.term,
-		Lead:        g.lead,
-		IsLeader:    g.isLeader,
-		LeaderReady: g.leaderReady,
-		Commit:      g.prevHard.Commit,
-		Applied:     g.applied,
-		Voters:      append([]uint64(nil), g.conf.Voters...),
-		Learners:    append([]uint64(nil), g.conf.Learners...),
+		Match:          match,
+		Active:         active,
+		LeadTransferee: transferee,
+		ID:             g.id,
+		Term:           g.term,
+		Lead:           g.lead,
+		IsLeader:       g.isLeader,
+		LeaderReady:    g.leaderReady,
+		Commit:         g.prevHard.Commit,
+		Applied:        g.applied,
+		Voters:         append([]uint64(nil), g.conf.Voters...),
+		Learners:       append([]uint64(nil), g.conf.Learners...),
 	})
 }
 

@@ -3,11 +3,11 @@ package server
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
-	"github.com/brainkv/brain/raftgroup"
-
 	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/raftgroup"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -105,6 +105,15 @@ func (s *Server) balanceLeaders() {
 // first stops issuing and shrinks its window, so a planned move skips no
 // revisions; if the move does not happen, it issues again.
 func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
+	// One transfer of a group at a time on this node (the balancer, the
+	// replica repair and operators may ask at once): a second one's Resume
+	// would let the group take revisions while the first is still moving.
+	mu := s.transferLock(g.ID())
+	mu.Lock()
+	defer mu.Unlock()
+	if !g.Status().IsLeader {
+		return
+	}
 	s.log.Info("transferring leadership to the preferred node", "group", g.ID(), "to", formatID(to))
 	// The leader first stops taking revisions and lets the ones it took
 	// finish, so a planned transfer leaves no gap in the revisions and
@@ -113,32 +122,65 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	if g.ID() != kvapi.TSOGroup {
 		p := s.store.Local(g.ID())
 		if p == nil {
-			g.TransferLeadership(to)
+			// Not serving here: nothing takes revisions here to drain.
+			g.TransferLeadershipInTerm(to, g.Status().Term)
 			return
 		}
 		d = p
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := d.PrepareTransfer(ctx); err != nil {
+	term, err := d.PrepareTransfer(ctx)
+	if err != nil {
 		s.log.Warn("not transferring leadership", "group", g.ID(), "err", err)
 		return
 	}
-	g.TransferLeadership(to)
-	// A transfer takes an election round; past that, serve again.
-	deadline := time.Now().Add(s.cfg.ElectionTimeout)
-	for time.Now().Before(deadline) && g.Status().IsLeader {
+	// Only the leadership of the term that was readied moves: a replica
+	// that lost it meanwhile must not have raft forward the transfer to a
+	// leader that took revisions.
+	g.TransferLeadershipInTerm(to, term)
+	// A transfer takes an election round. Serve again only once raft has
+	// given it up (it aborts after an election timeout): a leader serving
+	// while its transfer is pending has its proposals dropped, and a
+	// write's revision with them.
+	start := time.Now()
+	for {
+		st := g.Status()
+		if !st.IsLeader || st.Term != term {
+			return
+		}
+		waited := time.Since(start)
+		if st.LeadTransferee == 0 && waited > 50*time.Millisecond {
+			break
+		}
+		if waited > 10*s.cfg.ElectionTimeout {
+			s.log.Warn("leadership transfer still pending; serving again", "group", g.ID(), "to", formatID(to))
+			break
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if st := g.Status(); st.IsLeader {
-		s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
-		d.Resume()
+	s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
+	d.Resume()
+}
+
+// transferLock returns the lock that serializes group id's transfers.
+func (s *Server) transferLock(id uint64) *sync.Mutex {
+	s.transfers.Lock()
+	defer s.transfers.Unlock()
+	if s.transfers.m == nil {
+		s.transfers.m = make(map[uint64]*sync.Mutex)
 	}
+	mu := s.transfers.m[id]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		s.transfers.m[id] = mu
+	}
+	return mu
 }
 
 // drainer is a group's state machine that can ready a planned leadership
 // transfer (the TSO and partitions).
 type drainer interface {
-	PrepareTransfer(ctx context.Context) error
+	PrepareTransfer(ctx context.Context) (term uint64, err error)
 	Resume()
 }

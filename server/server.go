@@ -42,9 +42,14 @@ type Server struct {
 	id       *identity
 	host     *raftgroup.Host
 	oracle   *tso.Oracle
-	tso      *tso.Client
-	meta     *meta.Meta
-	pm       *partition.Metrics
+	// transfers serializes leadership transfers per group (placement.go).
+	transfers struct {
+		sync.Mutex
+		m map[uint64]*sync.Mutex
+	}
+	tso  *tso.Client
+	meta *meta.Meta
+	pm   *partition.Metrics
 	// parts are this node's partition replicas (serving or being added),
 	// by group; partsMu guards the map after start.
 	partsMu  sync.Mutex

@@ -51,6 +51,8 @@ type Oracle struct {
 	group   atomic.Pointer[raftgroup.Group] // nil until this node has a replica
 	log     *slog.Logger
 
+	// shrunk: the last window command applied was a shrink (diagnostics).
+	shrunk atomic.Bool
 	// end is the applied window end W; written by Apply (worker goroutine).
 	end atomic.Int64
 	// current is the highest revision issued (or, before this replica led,
@@ -251,10 +253,10 @@ func (o *Oracle) extendLocked(from int64) {
 	// was proposed, and none is proposed while issuing), so once it has
 	// applied the barrier can go.
 	lifts := o.mu.barrier
-	o.group.Load().ProposeAsync(cmd, func(_ any, err error) {
+	o.group.Load().ProposeAsync(cmd, func(res any, err error) {
 		o.mu.Lock()
 		o.mu.extending = false
-		if err == nil && lifts {
+		if err == nil && res == cmdApplied && lifts {
 			o.mu.barrier = false
 		}
 		o.notifyLocked()
@@ -290,12 +292,13 @@ func (o *Oracle) Close(ctx context.Context) error {
 // issuing and shrinks the window to the last revision it issued, so the
 // next leader continues the sequence without a gap (a failover, by
 // contrast, skips the rest of the window). Call Resume if the transfer
-// does not happen; a new leadership term resumes by itself.
-func (o *Oracle) PrepareTransfer(ctx context.Context) error {
+// does not happen; a new leadership term resumes by itself. It returns the
+// leader term it readied: transfer only that term's leadership.
+func (o *Oracle) PrepareTransfer(ctx context.Context) (uint64, error) {
 	o.mu.Lock()
 	if !o.mu.leader || o.mu.closed {
 		o.mu.Unlock()
-		return ErrNotLeader
+		return 0, ErrNotLeader
 	}
 	term := o.mu.term
 	o.mu.pausedTerm = term
@@ -308,18 +311,26 @@ func (o *Oracle) PrepareTransfer(ctx context.Context) error {
 		case <-ch:
 		case <-ctx.Done():
 			o.Resume()
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 		o.mu.Lock()
 	}
 	last := o.mu.next - 1
 	o.mu.Unlock()
-	if _, err := o.group.Load().Propose(ctx, encodeCmd(cmdShrink, term, last)); err != nil {
+	res, err := o.group.Load().Propose(ctx, encodeCmd(cmdShrink, term, last))
+	if err != nil {
 		o.Resume()
-		return err
+		return 0, err
 	}
-	return nil
+	if res != cmdApplied {
+		// This node lost the leadership of term before the shrink was
+		// appended (raft forwarded it to the next leader, whose term
+		// rejected it): the window was not shrunk.
+		o.Resume()
+		return 0, ErrNotLeader
+	}
+	return term, nil
 }
 
 // Resume lets a leader paused by PrepareTransfer issue again, once an
@@ -333,6 +344,15 @@ func (o *Oracle) Resume() {
 	o.notifyLocked()
 	o.mu.Unlock()
 }
+
+// Apply's results: a command evaluated by a leader of another term is
+// stale and changes nothing (a forwarded proposal of a deposed leader).
+type cmdResult int
+
+const (
+	cmdApplied cmdResult = iota + 1
+	cmdStale
+)
 
 // Commands.
 const (
@@ -356,8 +376,12 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 	// A command evaluated by a leader of another term is stale: a newer
 	// leader may already be issuing from the applied window.
 	if term != e.Term {
-		return nil
+		return cmdStale
 	}
+	// Whether the window's last change was a shrink: a leader starting
+	// after one continues the sequence; after an extension (a failover)
+	// it skips the rest of the window.
+	o.shrunk.Store(kind == cmdShrink)
 	cur := o.end.Load()
 	var next int64
 	switch kind {
@@ -370,7 +394,7 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 		return nil
 	}
 	if next == cur {
-		return nil
+		return cmdApplied
 	}
 	if err := ac.Batch.Set(o.stateKey(), engine.PutUint64(nil, uint64(next)), nil); err != nil {
 		panic(err)
@@ -384,7 +408,7 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 		o.notifyLocked()
 		o.mu.Unlock()
 	})
-	return nil
+	return cmdApplied
 }
 
 // LeadershipChanged implements raftgroup.LeadershipObserver.
@@ -403,7 +427,7 @@ func (o *Oracle) LeadershipChanged(leader bool, term uint64) {
 			o.mu.next = max(InitialRevision+1, o.mu.next-2*o.cfg.WindowSize)
 		}
 		o.current.Store(o.mu.next - 1)
-		o.log.Info("tso leader ready", "term", term, "next", o.mu.next)
+		o.log.Info("tso leader ready", "term", term, "next", o.mu.next, "after_planned_transfer", o.shrunk.Load())
 	}
 	o.notifyLocked()
 }

@@ -146,7 +146,7 @@ func TestResumeAfterTimedOutShrink(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // no extension in flight
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := n.o.PrepareTransfer(ctx); err == nil {
+	if _, err := n.o.PrepareTransfer(ctx); err == nil {
 		t.Fatal("PrepareTransfer with a done context succeeded")
 	}
 	var last int64

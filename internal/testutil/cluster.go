@@ -23,6 +23,7 @@ func StartCluster(t testing.TB, n int, base server.Config) *Cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &Cluster{t: t}
+	logs := FailureLogger(t)
 	var initial []string
 	for i := 0; i < n; i++ {
 		cfg := base
@@ -45,7 +46,7 @@ func StartCluster(t testing.TB, n int, base server.Config) *Cluster {
 			cfg.LeaderBalanceInterval = 500 * time.Millisecond
 		}
 		if cfg.Logger == nil {
-			cfg.Logger = Quiet().With("node", cfg.Name)
+			cfg.Logger = logs.With("node", cfg.Name)
 		}
 		initial = append(initial, cfg.Name+"="+peer)
 		c.Configs = append(c.Configs, cfg)
