@@ -77,8 +77,10 @@ type Hub struct {
 	lag      prometheus.Histogram
 	watchers prometheus.Gauge
 	catchups prometheus.Counter
-	encodes  prometheus.Counter
-	frames   prometheus.Counter
+	// slowCancels counts watchers canceled for falling behind compaction.
+	slowCancels prometheus.Counter
+	encodes     prometheus.Counter
+	frames      prometheus.Counter
 	// duplicates counts events dropped because a resumed or starting
 	// feed subscription delivered them again.
 	duplicates prometheus.Counter
@@ -144,12 +146,13 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	})
 	h.watchers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "brain_watchers", Help: "Open watches."})
+	h.slowCancels = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_slow_cancellations_total", Help: "Watches canceled (with the compaction revision, as etcd does) because they were still catching up when compaction removed the events they had yet to read."})
 	h.catchups = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchups_total", Help: "Reads of the event logs by watchers behind the in-memory ring."})
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.catchups, h.encodes, h.frames, h.duplicates)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.catchups, h.slowCancels, h.encodes, h.frames, h.duplicates)
 	}
 	return h
 }

@@ -5,6 +5,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/brainkv/brain/internal/rpccodec"
@@ -63,6 +64,15 @@ type Config struct {
 	MaxTxnOps int
 	// QuotaBackendBytes is reported by Status; 0: etcd's default 2 GiB.
 	QuotaBackendBytes int64
+	// MaxInflightWrites and MaxInflightReads bound the writes (Put,
+	// DeleteRange, Txn, LeaseGrant, LeaseRevoke) and reads (Range) a node
+	// works on at once; past them a request is refused at once with etcd's
+	// "etcdserver: too many requests" (ResourceExhausted; nothing was done,
+	// so it is safe to retry after a back-off). Load shedding keeps an
+	// overloaded node answering health checks, watches, lease keep-alives
+	// and raft within bounded latency instead of queueing without limit.
+	// 0: no limit.
+	MaxInflightWrites, MaxInflightReads int64
 	// ProgressNotifyInterval is how often watches that asked for progress
 	// notifications get one when idle; default 10 minutes (etcd's).
 	ProgressNotifyInterval time.Duration
@@ -91,6 +101,9 @@ type Server struct {
 	hub     *Hub
 	log     *slog.Logger
 	metrics *grpcprom.ServerMetrics // nil without a Registerer
+	// inflight counts the requests being served, by class.
+	inflight struct{ writes, reads atomic.Int64 }
+	shed     *prometheus.CounterVec
 }
 
 // New creates the services.
@@ -115,6 +128,19 @@ func New(cfg Config) *Server {
 		s.metrics = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10})))
 		cfg.Registerer.MustRegister(s.metrics)
+	}
+	s.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_requests_shed_total",
+		Help: "Requests refused with \"etcdserver: too many requests\" because the node was already serving --max-inflight-writes writes or --max-inflight-reads reads.",
+	}, []string{"class"})
+	s.shed.WithLabelValues("write") // both series from zero
+	s.shed.WithLabelValues("read")
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.shed)
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_writes", Help: "Writes being served."},
+			func() float64 { return float64(s.inflight.writes.Load()) }))
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_reads", Help: "Reads being served."},
+			func() float64 { return float64(s.inflight.reads.Load()) }))
 	}
 	return s
 }
@@ -176,6 +202,24 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	if requireLeader(ctx) && !s.hasLeader() {
 		return nil, rpctypes.ErrGRPCNoLeader
 	}
+	var n *atomic.Int64
+	var limit int64
+	var class string
+	switch info.FullMethod {
+	case "/etcdserverpb.KV/Put", "/etcdserverpb.KV/DeleteRange", "/etcdserverpb.KV/Txn",
+		"/etcdserverpb.Lease/LeaseGrant", "/etcdserverpb.Lease/LeaseRevoke":
+		n, limit, class = &s.inflight.writes, s.cfg.MaxInflightWrites, "write"
+	case "/etcdserverpb.KV/Range":
+		n, limit, class = &s.inflight.reads, s.cfg.MaxInflightReads, "read"
+	default:
+		return handler(ctx, req)
+	}
+	if n.Add(1) > limit && limit > 0 {
+		n.Add(-1)
+		s.shed.WithLabelValues(class).Inc()
+		return nil, rpctypes.ErrGRPCRequestTooManyRequests
+	}
+	defer n.Add(-1)
 	return handler(ctx, req)
 }
 

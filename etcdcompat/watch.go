@@ -263,7 +263,7 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 	for w.next <= frontier {
 		compact := sws.s.store.CompactRevision()
 		if w.next < compact {
-			return sws.compacted(w, compact)
+			return sws.fellBehind(w, compact)
 		}
 		entries, ok := sws.s.hub.entries(w.next, frontier)
 		if !ok {
@@ -275,7 +275,7 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 				return err
 			}
 			if c := sws.s.store.CompactRevision(); w.next < c {
-				return sws.compacted(w, c)
+				return sws.fellBehind(w, c)
 			}
 			for _, re := range evs {
 				if enc := encodeEvents(re.Events, w.shapeAt(re.Rev, compact)); len(enc.ends) > 0 {
@@ -376,6 +376,16 @@ func (sws *watchStream) sendEvents(w *watcher, rev int64, events []byte, fragmen
 	w.sent = true
 	sws.s.hub.frames.Inc()
 	return sws.stream.SendMsg(&rpccodec.Raw{B: b})
+}
+
+// fellBehind cancels w, whose next revision compaction removed, counting
+// it as a slow watcher if it had been delivering (one created at a
+// compacted revision is not slow).
+func (sws *watchStream) fellBehind(w *watcher, compact int64) error {
+	if w.next > w.start {
+		sws.s.hub.slowCancels.Inc()
+	}
+	return sws.compacted(w, compact)
 }
 
 func (sws *watchStream) compacted(w *watcher, compact int64) error {

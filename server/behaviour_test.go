@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -399,4 +400,50 @@ func TestRequestProgressBookmark(t *testing.T) {
 			return
 		}
 	}
+}
+
+// TestLoadShedding: past --max-inflight-writes a write is refused at once
+// with etcd's "too many requests" (nothing applied: every acknowledged
+// write is there, no refused one is), while Status and reads keep being
+// answered; once the burst is over, writes succeed again.
+func TestLoadShedding(t *testing.T) {
+	s := testutil.StartBrain(t, server.Config{InitialSplitPoints: []string{"m"}, MaxInflightWrites: 2})
+	c := testutil.Client(t, testutil.Endpoint(s))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const writers = 200
+	errs := make(chan error, writers)
+	for i := 0; i < writers; i++ {
+		go func(i int) {
+			_, err := c.Put(ctx, fmt.Sprintf("k%03d", i), "v")
+			errs <- err
+		}(i)
+	}
+	if _, err := c.Status(ctx, testutil.Endpoint(s)); err != nil {
+		t.Fatalf("Status during the burst: %v", err)
+	}
+	ok, shed := map[string]bool{}, 0
+	for i := 0; i < writers; i++ {
+		switch err := <-errs; {
+		case err == nil:
+		case errors.Is(err, rpctypes.ErrTooManyRequests):
+			shed++
+		default:
+			t.Fatalf("a write failed with %v, want success or %v", err, rpctypes.ErrTooManyRequests)
+		}
+	}
+	g, err := c.Get(ctx, "k", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range g.Kvs {
+		ok[string(kv.Key)] = true
+	}
+	if shed == 0 || len(ok) != writers-shed {
+		t.Fatalf("%d writes shed, %d stored of %d: want some shed and every other one stored", shed, len(ok), writers)
+	}
+	if _, err := c.Put(ctx, "after", "v"); err != nil {
+		t.Fatalf("a write after the burst: %v", err)
+	}
+	t.Logf("%d of %d concurrent writes shed with a limit of 2", shed, writers)
 }

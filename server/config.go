@@ -46,6 +46,10 @@ type Config struct {
 	MaxRequestBytes uint
 	// MaxTxnOps (--max-txn-ops); default 128.
 	MaxTxnOps int
+	// MaxInflightWrites and MaxInflightReads (--max-inflight-writes,
+	// --max-inflight-reads) shed load past that many requests in service
+	// (see etcdcompat.Config); negative: no limit; 0: the default 1000.
+	MaxInflightWrites, MaxInflightReads int64
 	// QuotaBackendBytes (--quota-backend-bytes): the storage size past which
 	// the NOSPACE alarm is raised and writes refused; default 8 GiB (etcd's
 	// recommended maximum; its default is 2 GiB).
@@ -126,6 +130,10 @@ type Config struct {
 	DiskFaults *diskfault.Injector
 }
 
+// DefaultMaxInflight is the default of --max-inflight-writes and
+// --max-inflight-reads.
+const DefaultMaxInflight = 1000
+
 // DefaultSplitPoints separate the resources a Kubernetes cluster writes
 // most: events, leases (node heartbeats) and pods get partitions of their
 // own, everything else shares the first.
@@ -162,6 +170,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 1.5 * 1024 * 1024
+	}
+	if c.MaxInflightWrites == 0 {
+		c.MaxInflightWrites = DefaultMaxInflight
+	}
+	if c.MaxInflightReads == 0 {
+		c.MaxInflightReads = DefaultMaxInflight
 	}
 	if c.MaxTxnOps == 0 {
 		c.MaxTxnOps = 128

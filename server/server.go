@@ -420,6 +420,8 @@ func (s *Server) serve() error {
 		HasLeader:              s.hasLeader,
 		MaxRequestBytes:        s.cfg.MaxRequestBytes,
 		MaxTxnOps:              s.cfg.MaxTxnOps,
+		MaxInflightWrites:      max(s.cfg.MaxInflightWrites, 0),
+		MaxInflightReads:       max(s.cfg.MaxInflightReads, 0),
 		QuotaBackendBytes:      s.cfg.QuotaBackendBytes,
 		ProgressNotifyInterval: s.cfg.WatchProgressNotifyInterval,
 		Logger:                 s.log,
