@@ -44,6 +44,7 @@ JSON object per benchmark with --json.`,
 		compareCmd(),
 		freePortsCmd(),
 		waitCmd(),
+		overloadCmd(),
 	)
 	return root
 }
