@@ -857,3 +857,7 @@ func (p *Partition) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (
 	out.Header = resp.Header
 	return out, nil
 }
+
+// MVCCBounds returns the storage key range holding the partition's MVCC
+// data (index and versions of its keys), for size estimates.
+func (p *Partition) MVCCBounds() (lo, hi []byte) { return rangeBounds(p.start, p.end) }

@@ -434,6 +434,7 @@ func (s *Server) serve() error {
 	mux.HandleFunc("/health", s.handleHealth)
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", s.handleHealth)
+	s.registerAdmin(mux)
 	if s.cfg.DiskFaults != nil {
 		mux.Handle("/debug/diskfault", s.cfg.DiskFaults.Handler())
 	}

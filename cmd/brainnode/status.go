@@ -1,0 +1,315 @@
+package main
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/brainkv/brain/server"
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+)
+
+// adminFlags are the flags of the commands that talk to the operator API.
+type adminFlags struct {
+	endpoints          []string
+	cacert, cert, key  string
+	insecureSkipVerify bool
+	timeout            time.Duration
+}
+
+func (a *adminFlags) register(c *cobra.Command) {
+	f := c.Flags()
+	f.StringSliceVar(&a.endpoints, "endpoints", []string{"http://127.0.0.1:2379"}, "Client URLs of the nodes to ask (all of them, for a complete picture).")
+	f.StringVar(&a.cacert, "cacert", "", "CA bundle to verify the nodes' certificates (https endpoints).")
+	f.StringVar(&a.cert, "cert", "", "Client certificate (nodes with --client-cert-auth).")
+	f.StringVar(&a.key, "key", "", "Client key.")
+	f.BoolVar(&a.insecureSkipVerify, "insecure-skip-tls-verify", false, "Do not verify the nodes' certificates.")
+	f.DurationVar(&a.timeout, "command-timeout", 5*time.Second, "Timeout of each request.")
+}
+
+func (a *adminFlags) client() (*http.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if a.cacert != "" || a.cert != "" || a.insecureSkipVerify {
+		var cfg *tls.Config
+		var err error
+		if a.cacert != "" || a.cert != "" {
+			cfg, err = transport.TLSInfo{TrustedCAFile: a.cacert, CertFile: a.cert, KeyFile: a.key}.ClientConfig()
+			if err != nil {
+				return nil, err
+			}
+		} else {
+			cfg = &tls.Config{}
+		}
+		cfg.InsecureSkipVerify = a.insecureSkipVerify
+		tr.TLSClientConfig = cfg
+	}
+	// HTTP/1.1: the client port serves gRPC on HTTP/2.
+	tr.ForceAttemptHTTP2 = false
+	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	return &http.Client{Transport: tr, Timeout: a.timeout}, nil
+}
+
+// nodeView is one endpoint's answer.
+type nodeView struct {
+	endpoint string
+	status   *server.NodeStatus
+	err      error
+}
+
+func (a *adminFlags) statuses() ([]nodeView, error) {
+	hc, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	var out []nodeView
+	for _, ep := range a.endpoints {
+		ep = normalizeEndpoint(ep)
+		v := nodeView{endpoint: ep}
+		resp, err := hc.Get(ep + "/brain/v1/status")
+		if err == nil {
+			if resp.StatusCode != http.StatusOK {
+				b, _ := io.ReadAll(resp.Body)
+				err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+			} else {
+				v.status = &server.NodeStatus{}
+				err = json.NewDecoder(resp.Body).Decode(v.status)
+			}
+			resp.Body.Close()
+		}
+		v.err = err
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func normalizeEndpoint(ep string) string {
+	if !strings.Contains(ep, "://") {
+		ep = "http://" + ep
+	}
+	return strings.TrimRight(ep, "/")
+}
+
+func statusCmd() *cobra.Command {
+	var a adminFlags
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster: members and liveness, partitions with key ranges, leaders, sizes and closed-revision lag",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			views, err := a.statuses()
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				var all []any
+				for _, v := range views {
+					if v.err != nil {
+						all = append(all, map[string]string{"endpoint": v.endpoint, "error": v.err.Error()})
+					} else {
+						all = append(all, v.status)
+					}
+				}
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(all)
+			}
+			return printStatus(cmd.OutOrStdout(), views)
+		},
+	}
+	a.register(cmd)
+	cmd.Flags().StringVarP(&output, "write-out", "w", "table", "Output format: table or json (every node's raw view).")
+	return cmd
+}
+
+func printStatus(w io.Writer, views []nodeView) error {
+	var ok []*server.NodeStatus
+	for _, v := range views {
+		if v.err != nil {
+			fmt.Fprintf(w, "%s: unreachable: %v\n", v.endpoint, v.err)
+			continue
+		}
+		ok = append(ok, v.status)
+	}
+	if len(ok) == 0 {
+		return fmt.Errorf("no node answered")
+	}
+	var rev, compact int64
+	for _, s := range ok {
+		rev, compact = max(rev, s.Revision), max(compact, s.CompactRevision)
+	}
+	fmt.Fprintf(w, "cluster %s: revision %d, compacted at %d, %d of %d queried nodes answered\n\n", ok[0].ClusterID, rev, compact, len(ok), len(views))
+
+	// Members: liveness as the answering nodes' gossip sees it.
+	byID := map[string]*server.NodeStatus{}
+	for _, s := range ok {
+		byID[s.ID] = s
+	}
+	names := map[string]string{}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tID\tCLIENT URLS\tALIVE (gossip)\tANSWERED\tREVISION\tDISK\tALARMS")
+	members := ok[0].Members
+	for _, m := range members {
+		names[m.ID] = m.Name
+		up, total := 0, 0
+		for _, s := range ok {
+			for _, mm := range s.Members {
+				if mm.ID == m.ID {
+					total++
+					if mm.Alive {
+						up++
+					}
+				}
+			}
+		}
+		answered, revs, disk, alarms := "no", "-", "-", ""
+		if s := byID[m.ID]; s != nil {
+			answered, revs, disk, alarms = "yes", fmt.Sprint(s.Revision), humanBytes(s.DiskBytes), strings.Join(s.Alarms, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", m.Name, m.ID, strings.Join(m.ClientURLs, ","), up, total, answered, revs, disk, alarms)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	// Groups: each from its leader's view when a leader answered.
+	type view struct {
+		g    server.GroupStatus
+		from string
+	}
+	groups := map[uint64]view{}
+	for _, s := range ok {
+		for _, g := range s.Groups {
+			cur, seen := groups[g.Group]
+			if !seen || (g.Role == "leader" && (cur.g.Role != "leader" || g.Term > cur.g.Term)) {
+				groups[g.Group] = view{g, s.Name}
+			}
+		}
+	}
+	var ids []uint64
+	for id := range groups {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	name := func(id string) string {
+		if n := names[id]; n != "" {
+			return n
+		}
+		return id
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tKIND\tKEY RANGE\tLEADER\tTERM\tVOTERS\tLEARNERS\tAPPLIED\tCLOSED\tCLOSED LAG\tSIZE")
+	for _, id := range ids {
+		v := groups[id]
+		g := v.g
+		leader := name(g.Leader)
+		if g.Role != "leader" {
+			leader += " (as " + v.from + " sees it)"
+		}
+		var voters, learners []string
+		for _, n := range g.Voters {
+			voters = append(voters, name(n))
+		}
+		for _, n := range g.Learners {
+			learners = append(learners, name(n))
+		}
+		rng, closed, lag, size := "-", "-", "-", "-"
+		if g.Kind == "partition" {
+			end := g.End
+			if end == "" {
+				end = "∞"
+			}
+			rng = fmt.Sprintf("[%q, %s)", g.Start, quoteEnd(end))
+			closed, lag, size = fmt.Sprint(g.Closed), fmt.Sprint(g.ClosedLag), humanBytes(g.ApproxBytes)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", g.Group, g.Kind, rng, leader, g.Term,
+			strings.Join(voters, ","), strings.Join(learners, ","), g.Applied, closed, lag, size)
+	}
+	return tw.Flush()
+}
+
+func quoteEnd(end string) string {
+	if end == "∞" {
+		return end
+	}
+	return fmt.Sprintf("%q", end)
+}
+
+func humanBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func transferLeaderCmd() *cobra.Command {
+	var a adminFlags
+	var group uint64
+	var to string
+	cmd := &cobra.Command{
+		Use:   "transfer-leader",
+		Short: "Hand a raft group's leadership (a partition, the TSO or the meta group) to another member",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			views, err := a.statuses()
+			if err != nil {
+				return err
+			}
+			var leaderEP, target string
+			for _, v := range views {
+				if v.err != nil {
+					continue
+				}
+				for _, m := range v.status.Members {
+					if m.Name == to || m.ID == to {
+						target = m.ID
+					}
+				}
+				for _, g := range v.status.Groups {
+					if g.Group == group && g.Role == "leader" {
+						leaderEP = v.endpoint
+					}
+				}
+			}
+			switch {
+			case target == "":
+				return fmt.Errorf("no member named or with ID %q", to)
+			case leaderEP == "":
+				return fmt.Errorf("none of %v leads group %d (ask every node with --endpoints)", a.endpoints, group)
+			}
+			hc, err := a.client()
+			if err != nil {
+				return err
+			}
+			hc.Timeout = max(hc.Timeout, 30*time.Second)
+			resp, err := hc.Post(fmt.Sprintf("%s/brain/v1/transfer-leader?group=%d&to=%s", leaderEP, group, url.QueryEscape(target)), "", nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+			}
+			fmt.Fprint(cmd.OutOrStdout(), string(b))
+			return nil
+		},
+	}
+	a.register(cmd)
+	cmd.Flags().Uint64Var(&group, "group", 0, "Raft group: 1 the TSO, 2 the meta group, 100.. the partitions (see status).")
+	cmd.Flags().StringVar(&to, "to", "", "Member name or ID (hex) to hand the leadership to.")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/partition"
+)
+
+// The operator API: JSON over the client listener, used by "brainnode
+// status" and "brainnode transfer-leader".
+//
+//	GET  /brain/v1/status                       this node's view (NodeStatus)
+//	POST /brain/v1/transfer-leader?group=G&to=ID hand this node's leadership of G to member ID
+
+// NodeStatus is one node's view of the cluster.
+type NodeStatus struct {
+	Name            string         `json:"name"`
+	ID              string         `json:"id"`
+	ClusterID       string         `json:"cluster_id"`
+	ClientURLs      []string       `json:"client_urls"`
+	Revision        int64          `json:"revision"`
+	CompactRevision int64          `json:"compact_revision"`
+	DiskBytes       uint64         `json:"disk_bytes"`
+	Alarms          []string       `json:"alarms,omitempty"`
+	Members         []MemberStatus `json:"members"`
+	Groups          []GroupStatus  `json:"groups"`
+}
+
+// MemberStatus is a member as a node sees it.
+type MemberStatus struct {
+	ID         string   `json:"id"`
+	Name       string   `json:"name"`
+	PeerURLs   []string `json:"peer_urls"`
+	ClientURLs []string `json:"client_urls,omitempty"`
+	Alive      bool     `json:"alive"`
+}
+
+// GroupStatus is a node's replica of a raft group.
+type GroupStatus struct {
+	Group    uint64   `json:"group"`
+	Kind     string   `json:"kind"` // tso, meta or partition
+	Start    string   `json:"start,omitempty"`
+	End      string   `json:"end,omitempty"` // empty: to the end of the keyspace
+	Role     string   `json:"role"`          // leader, follower, learner
+	Term     uint64   `json:"term"`
+	Leader   string   `json:"leader"`
+	Voters   []string `json:"voters"`
+	Learners []string `json:"learners,omitempty"`
+	Applied  uint64   `json:"applied"`
+	// Closed and ClosedLag: a partition's closed revision, and how far it
+	// trails the node's revision.
+	Closed    int64 `json:"closed,omitempty"`
+	ClosedLag int64 `json:"closed_lag,omitempty"`
+	// ApproxBytes estimates the partition's on-disk size (its MVCC data).
+	ApproxBytes uint64 `json:"approx_bytes,omitempty"`
+}
+
+func (s *Server) registerAdmin(mux *http.ServeMux) {
+	mux.HandleFunc("GET /brain/v1/status", s.handleStatus)
+	mux.HandleFunc("POST /brain/v1/transfer-leader", s.handleTransferLeader)
+}
+
+// Status returns this node's view of the cluster.
+func (s *Server) Status(ctx context.Context) NodeStatus {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rev, err := s.store.FreshRevision(ctx)
+	if err != nil {
+		rev = s.oracle.Current()
+	}
+	st := NodeStatus{
+		Name: s.id.Name, ID: formatID(s.id.MemberID), ClusterID: formatID(s.id.ClusterID),
+		ClientURLs: s.cfg.AdvertiseClientURLs, Revision: rev, CompactRevision: s.store.CompactRevision(),
+		DiskBytes: s.db.Metrics().DiskSpaceUsage(),
+	}
+	for _, a := range s.meta.Alarms() {
+		st.Alarms = append(st.Alarms, fmt.Sprintf("%s on %s", a.Alarm, formatID(a.MemberID)))
+	}
+	for _, m := range s.members() {
+		st.Members = append(st.Members, MemberStatus{ID: formatID(m.ID), Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Alive: s.alive(m.ID)})
+	}
+	ids := func(ns []uint64) []string {
+		var out []string
+		for _, n := range ns {
+			out = append(out, formatID(n))
+		}
+		return out
+	}
+	bounds := append(append([]string{""}, s.id.SplitPoints...), "")
+	for _, g := range s.groupIDs() {
+		rs, ok := s.groupStatus(g)
+		if !ok {
+			continue
+		}
+		gs := GroupStatus{Group: g, Term: rs.Term, Leader: formatID(rs.Lead), Voters: ids(rs.Voters), Learners: ids(rs.Learners), Applied: rs.Applied}
+		switch {
+		case rs.IsLeader:
+			gs.Role = "leader"
+		case slices.Contains(rs.Learners, s.id.MemberID):
+			gs.Role = "learner"
+		default:
+			gs.Role = "follower"
+		}
+		switch g {
+		case kvapi.TSOGroup:
+			gs.Kind = "tso"
+		case kvapi.MetaGroup:
+			gs.Kind = "meta"
+		default:
+			gs.Kind = "partition"
+			i := int(g) - kvapi.FirstPartition
+			gs.Start, gs.End = bounds[i], bounds[i+1]
+			s.partsMu.Lock()
+			p := s.parts[g]
+			s.partsMu.Unlock()
+			if p != nil {
+				gs.Closed = p.Closed()
+				gs.ClosedLag = max(rev-gs.Closed, 0)
+				gs.ApproxBytes = partitionBytes(s, p)
+			}
+		}
+		st.Groups = append(st.Groups, gs)
+	}
+	return st
+}
+
+func partitionBytes(s *Server, p *partition.Partition) uint64 {
+	lo, hi := p.MVCCBounds()
+	n, err := s.db.EstimateDiskUsage(lo, hi)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.Status(r.Context()))
+}
+
+func (s *Server) handleTransferLeader(w http.ResponseWriter, r *http.Request) {
+	group, err1 := strconv.ParseUint(r.URL.Query().Get("group"), 10, 64)
+	to, err2 := strconv.ParseUint(r.URL.Query().Get("to"), 16, 64)
+	if err1 != nil || err2 != nil {
+		http.Error(w, "want group=<number>&to=<member ID in hex>", http.StatusBadRequest)
+		return
+	}
+	rs, ok := s.groupStatus(group)
+	switch {
+	case !ok:
+		http.Error(w, fmt.Sprintf("group %d has no replica on this node", group), http.StatusNotFound)
+		return
+	case !rs.IsLeader:
+		http.Error(w, fmt.Sprintf("this node does not lead group %d (leader: %s)", group, formatID(rs.Lead)), http.StatusConflict)
+		return
+	case to == s.id.MemberID:
+		fmt.Fprintf(w, "this node already leads group %d\n", group)
+		return
+	case !slices.Contains(rs.Voters, to):
+		http.Error(w, fmt.Sprintf("%s is not a voter of group %d (voters: %v)", formatID(to), group, rs.Voters), http.StatusBadRequest)
+		return
+	}
+	s.MoveLeader(group, to)
+	if now, _ := s.groupStatus(group); now.IsLeader {
+		http.Error(w, fmt.Sprintf("the transfer of group %d to %s did not happen (see the node's log)", group, formatID(to)), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "group %d: leadership handed to %s\n", group, formatID(to))
+}
