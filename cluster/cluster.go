@@ -37,6 +37,9 @@ type Config struct {
 	// Static are nodes known from configuration (--initial-cluster): used
 	// to reach them before gossip does.
 	Static []NodeInfo
+	// SecretKey, if set, encrypts and authenticates gossip (AES-GCM; 16,
+	// 24 or 32 bytes): nodes without the key can neither read it nor join.
+	SecretKey []byte
 	// Fast uses memberlist's local-network timings (tests).
 	Fast   bool
 	Logger *slog.Logger
@@ -94,6 +97,9 @@ func Start(cfg Config) (*Membership, error) {
 	mc.AdvertiseAddr, mc.AdvertisePort = cfg.AdvertiseAddr, cfg.BindPort
 	if mc.AdvertiseAddr == "" {
 		mc.AdvertiseAddr = cfg.BindAddr
+	}
+	if len(cfg.SecretKey) > 0 {
+		mc.SecretKey = cfg.SecretKey
 	}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}

@@ -71,3 +71,37 @@ func eventually(t *testing.T, f func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestGossipEncryption: nodes sharing a secret key gossip with each other;
+// a node with another key (or none) cannot join them.
+func TestGossipEncryption(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	keyA := []byte("0123456789abcdef0123456789abcdef")
+	keyB := []byte("fedcba9876543210fedcba9876543210")
+	start := func(id uint64, key []byte, seeds []string) (*Membership, string) {
+		port := freePort(t)
+		m, err := Start(Config{
+			Self:     NodeInfo{ID: id, Name: fmt.Sprint("n", id), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+id)},
+			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log, SecretKey: key,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Stop)
+		return m, fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	m1, seed := start(1, keyA, nil)
+	m2, _ := start(2, keyA, []string{seed})
+	m3, _ := start(3, keyB, []string{seed})
+	m4, _ := start(4, nil, []string{seed})
+	eventually(t, func() bool { return m1.Alive(2) && m2.Alive(1) })
+	time.Sleep(2 * time.Second) // the others have had many chances to join
+	for _, id := range []uint64{3, 4} {
+		if m1.Alive(id) || m2.Alive(id) {
+			t.Fatalf("node %d joined without the gossip key", id)
+		}
+	}
+	if m3.Alive(1) || m4.Alive(1) {
+		t.Fatal("a node without the key learned of the cluster")
+	}
+}

@@ -1,16 +1,18 @@
 package server
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
-	"github.com/brainkv/brain/internal/diskfault"
 	"log/slog"
 	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/brainkv/brain/internal/diskfault"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -101,6 +103,11 @@ type Config struct {
 	// default: the first peer listen URL's host, its port + 1. Other
 	// members' gossip addresses follow the same rule from their peer URLs.
 	GossipAddr string
+	// GossipKeyFile (--gossip-key-file) holds a base64 key (16, 24 or 32
+	// bytes decoded) that encrypts and authenticates membership gossip;
+	// every member needs the same key. Without it gossip is plain text
+	// (peer TLS covers raft and forwarding, not gossip).
+	GossipKeyFile string
 	// LeaderBalanceInterval is how often a node hands leaderships to their
 	// preferred nodes (spreading leaders over the cluster); default 5s.
 	LeaderBalanceInterval time.Duration
@@ -221,9 +228,31 @@ func (c *Config) EnsureDefaults() {
 	}
 }
 
+// gossipKey reads --gossip-key-file (nil without one).
+func (c *Config) gossipKey() ([]byte, error) {
+	if c.GossipKeyFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(c.GossipKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-key-file: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-key-file %s: not base64: %w", c.GossipKeyFile, err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("--gossip-key-file %s: the key is %d bytes; want 16, 24 or 32 (e.g. head -c 32 /dev/urandom | base64)", c.GossipKeyFile, n)
+	}
+	return key, nil
+}
+
 // Validate reports every problem at once.
 func (c *Config) Validate() error {
 	var errs []error
+	if _, err := c.gossipKey(); err != nil {
+		errs = append(errs, err)
+	}
 	tlsURLs := 0
 	for _, u := range append(append([]string(nil), c.ListenClientURLs...), c.ListenMetricsURLs...) {
 		if _, tls, err := clientListenAddr(u); err != nil {

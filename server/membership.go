@@ -132,7 +132,12 @@ func (s *Server) startMembership() error {
 	if ip := net.ParseIP(advertise); ip == nil || ip.IsUnspecified() {
 		advertise = "" // memberlist picks a private address
 	}
+	key, err := s.cfg.gossipKey()
+	if err != nil {
+		return err
+	}
 	s.membership, err = cluster.Start(cluster.Config{
+		SecretKey:     key,
 		Self:          cluster.NodeInfo{ID: s.id.MemberID, Name: s.id.Name, PeerAddr: self, ClientURLs: s.cfg.AdvertiseClientURLs},
 		BindAddr:      host,
 		BindPort:      p,

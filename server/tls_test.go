@@ -178,14 +178,18 @@ func TestClientTLS(t *testing.T) {
 // TestClientTLSConfigErrors checks TLS settings that cannot work are
 // refused at start with a clear error.
 func TestClientTLSConfigErrors(t *testing.T) {
+	dir := t.TempDir()
 	for name, cfg := range map[string]server.Config{
-		"https without a certificate":         {ListenClientURLs: []string{"https://127.0.0.1:0"}},
-		"client-cert-auth without a CA":       {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "a", KeyFile: "b", ClientCertAuth: true},
-		"a certificate without an https URL":  {ListenClientURLs: []string{"http://127.0.0.1:0"}, CertFile: "a", KeyFile: "b"},
-		"certificate files that do not exist": {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "/nonexistent.crt", KeyFile: "/nonexistent.key"},
-		"peer TLS with an http peer URL":      {PeerCertFile: "a", PeerKeyFile: "b", PeerTrustedCAFile: "c"},
-		"peer TLS without a CA":               {PeerCertFile: "a", PeerKeyFile: "b"},
-		"an https peer URL without peer TLS":  {ListenPeerURLs: []string{"https://127.0.0.1:0"}},
+		"a gossip key file that does not exist": {GossipKeyFile: "/nonexistent.key"},
+		"a gossip key that is not base64":       {GossipKeyFile: writeFile(t, dir, "bad.key", []byte("not base64!"))},
+		"a gossip key of 10 bytes":              {GossipKeyFile: writeFile(t, dir, "short.key", []byte("MDEyMzQ1Njc4OQ=="))},
+		"https without a certificate":           {ListenClientURLs: []string{"https://127.0.0.1:0"}},
+		"client-cert-auth without a CA":         {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "a", KeyFile: "b", ClientCertAuth: true},
+		"a certificate without an https URL":    {ListenClientURLs: []string{"http://127.0.0.1:0"}, CertFile: "a", KeyFile: "b"},
+		"certificate files that do not exist":   {ListenClientURLs: []string{"https://127.0.0.1:0"}, CertFile: "/nonexistent.crt", KeyFile: "/nonexistent.key"},
+		"peer TLS with an http peer URL":        {PeerCertFile: "a", PeerKeyFile: "b", PeerTrustedCAFile: "c"},
+		"peer TLS without a CA":                 {PeerCertFile: "a", PeerKeyFile: "b"},
+		"an https peer URL without peer TLS":    {ListenPeerURLs: []string{"https://127.0.0.1:0"}},
 	} {
 		cfg.DataDir = t.TempDir()
 		if cfg.ListenPeerURLs == nil {
@@ -205,8 +209,8 @@ func TestClientTLSConfigErrors(t *testing.T) {
 	}
 }
 
-// TestPeerTLS runs a 3-node cluster with peer TLS and
-// --peer-client-cert-auth: writes through one node are read through
+// TestPeerTLS runs a 3-node cluster with peer TLS,
+// --peer-client-cert-auth and encrypted gossip (--gossip-key-file): writes through one node are read through
 // another (raft and forwarding over TLS), and the peer port refuses a
 // caller with a certificate from another CA, one without a certificate,
 // and plaintext.
@@ -219,6 +223,7 @@ func TestPeerTLS(t *testing.T) {
 		PeerKeyFile:        writeFile(t, dir, "peer.key", key),
 		PeerTrustedCAFile:  writeFile(t, dir, "ca.crt", ca.pem),
 		PeerClientCertAuth: true,
+		GossipKeyFile:      writeFile(t, dir, "gossip.key", []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n")),
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

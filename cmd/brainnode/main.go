@@ -88,6 +88,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
 	f.IntVar(&cfg.Replicas, "replicas", 3, "brain: replicas of each partition, the TSO and the meta group (fewer if the cluster has fewer members); fixed when the cluster is created.")
+	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", "", "brain: file holding a base64 key (16, 24 or 32 bytes) that encrypts membership gossip; every member needs the same one.")
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
