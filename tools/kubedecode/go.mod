@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/brainkv/brain v0.0.0
 	github.com/spf13/cobra v1.10.2
+	go.etcd.io/etcd/client/pkg/v3 v3.6.16
 	go.etcd.io/etcd/client/v3 v3.6.16
 	go.uber.org/zap v1.27.0
 	k8s.io/api v0.37.2
@@ -80,7 +81,6 @@ require (
 	github.com/xiang90/probing v0.0.0-20190116061207-43a291ad63a2 // indirect
 	go.etcd.io/bbolt v1.4.3 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.16 // indirect
-	go.etcd.io/etcd/client/pkg/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/pkg/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/server/v3 v3.6.16 // indirect
 	go.etcd.io/raft/v3 v3.6.0 // indirect

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -23,12 +24,21 @@ func rootCmd() *cobra.Command {
 	var prefix, keysOnly bool
 	var output string
 	var rev int64
+	var cacert, cert, key string
 	get := &cobra.Command{
 		Use:   "get KEY",
 		Short: "Decode the value of KEY (with --prefix, of every key under it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+			if cacert != "" || cert != "" {
+				tls, err := transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}.ClientConfig()
+				if err != nil {
+					return err
+				}
+				cfg.TLS = tls
+			}
+			cli, err := clientv3.New(cfg)
 			if err != nil {
 				return err
 			}
@@ -80,6 +90,9 @@ func rootCmd() *cobra.Command {
 	f.BoolVar(&keysOnly, "keys-only", false, "print only the keys")
 	f.StringVarP(&output, "output", "o", "yaml", "output format: yaml or json")
 	f.Int64Var(&rev, "rev", 0, "read at this revision (0: the latest)")
+	f.StringVar(&cacert, "cacert", "", "CA bundle verifying the servers' certificates (TLS)")
+	f.StringVar(&cert, "cert", "", "client certificate (servers with --client-cert-auth)")
+	f.StringVar(&key, "key", "", "client key")
 	root.AddCommand(get)
 	return root
 }
