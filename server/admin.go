@@ -58,7 +58,8 @@ type GroupStatus struct {
 	// trails the node's revision.
 	Closed    int64 `json:"closed,omitempty"`
 	ClosedLag int64 `json:"closed_lag,omitempty"`
-	// ApproxBytes estimates the partition's on-disk size (its MVCC data).
+	// ApproxBytes estimates the partition's MVCC data in flushed sstables
+	// (recent writes still in the memtable and WAL are not counted).
 	ApproxBytes uint64 `json:"approx_bytes,omitempty"`
 }
 

@@ -47,7 +47,7 @@ answers the probe fast throughout.`,
 	f.IntVar(&cfg.ValueSize, "value-size", cfg.ValueSize, "value size in bytes")
 	f.DurationVar(&phase, "phase", 20*time.Second, "length of each phase")
 	f.Float64Var(&factor, "factor", 2, "offered rate as a multiple of the measured maximum")
-	f.Int64Var(&maxOutstanding, "max-outstanding", 20000, "bound on writes in flight in the open-loop phase (a write that would exceed it is counted as not sent)")
+	f.Int64Var(&maxOutstanding, "max-outstanding", 5000, "bound on writes in flight in the open-loop phase (a write that would exceed it is counted as not sent)")
 	return cmd
 }
 
@@ -99,10 +99,16 @@ func runOverload(ctx context.Context, cfg Config, phase time.Duration, factor fl
 	var probeFails atomic.Int64
 	pctx, cancel = context.WithTimeout(ctx, phase)
 	defer cancel()
+	// The probe has a connection of its own, as a health checker would.
+	pc, err := dial(ctx, Config{Endpoints: cfg.Endpoints, Conns: 1, Clients: 1})
+	if err != nil {
+		return err
+	}
+	defer pc.close()
 	probeDone := make(chan struct{})
 	go func() {
 		defer close(probeDone)
-		c := p.client(0)
+		c := pc.client(0)
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {

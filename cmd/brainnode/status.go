@@ -205,7 +205,7 @@ func printStatus(w io.Writer, views []nodeView) error {
 		return id
 	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tKIND\tKEY RANGE\tLEADER\tTERM\tVOTERS\tLEARNERS\tAPPLIED\tCLOSED\tCLOSED LAG\tSIZE")
+	fmt.Fprintln(tw, "GROUP\tKIND\tKEY RANGE\tLEADER\tTERM\tVOTERS\tLEARNERS\tAPPLIED\tCLOSED\tCLOSED LAG\tSST SIZE")
 	for _, id := range ids {
 		v := groups[id]
 		g := v.g
