@@ -293,8 +293,8 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if strings.HasPrefix(c.Join, "https://") {
-		errs = append(errs, fmt.Errorf("--join %q: joining through an https client URL is not supported yet (use http, or etcdctl member add and --initial-cluster-state existing)", c.Join))
+	if strings.HasPrefix(c.Join, "https://") && c.TrustedCAFile == "" && c.PeerTrustedCAFile == "" {
+		errs = append(errs, fmt.Errorf("--join %q: an https member needs --trusted-ca-file (or --peer-trusted-ca-file) to verify it", c.Join))
 	}
 	if c.HeartbeatInterval*5 > c.ElectionTimeout {
 		errs = append(errs, fmt.Errorf("--election-timeout (%v) should be at least 5 times --heartbeat-interval (%v)", c.ElectionTimeout, c.HeartbeatInterval))

@@ -16,6 +16,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -201,7 +202,15 @@ func (s *Server) joinIdentity() (*identity, error) {
 	defer cancel()
 	var peers []string
 	if cfg.Join != "" {
-		ms, err := addSelf(ctx, cfg.Join, cfg.InitialAdvertisePeerURLs)
+		creds := insecure.NewCredentials()
+		if strings.HasPrefix(cfg.Join, "https://") {
+			tc, err := cfg.joinTLSConfig()
+			if err != nil {
+				return nil, err
+			}
+			creds = credentials.NewTLS(tc)
+		}
+		ms, err := addSelf(ctx, cfg.Join, creds, cfg.InitialAdvertisePeerURLs)
 		if err != nil {
 			return nil, fmt.Errorf("server: --join %s: %w", cfg.Join, err)
 		}
@@ -269,12 +278,12 @@ func (s *Server) joinIdentity() (*identity, error) {
 
 // addSelf calls MemberAdd on the member at clientURL; a member already
 // added (a retried join) is found with MemberList.
-func addSelf(ctx context.Context, clientURL string, peerURLs []string) ([]*pb.Member, error) {
+func addSelf(ctx context.Context, clientURL string, creds credentials.TransportCredentials, peerURLs []string) ([]*pb.Member, error) {
 	addr, err := listenAddr(clientURL)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}

@@ -79,3 +79,35 @@ func (c *Config) peerDialOptions() ([]grpc.DialOption, error) {
 	}
 	return []grpc.DialOption{grpc.WithTransportCredentials(dial)}, nil
 }
+
+// joinTLSConfig is how a node started with an https --join URL talks to
+// that member's client port: it verifies the member against
+// --trusted-ca-file (or, without one, --peer-trusted-ca-file) and presents
+// --cert-file/--key-file (or its peer certificate) as its client
+// certificate, for members with --client-cert-auth.
+func (c *Config) joinTLSConfig() (*tls.Config, error) {
+	ca, caFlag := c.TrustedCAFile, "--trusted-ca-file"
+	if ca == "" {
+		ca, caFlag = c.PeerTrustedCAFile, "--peer-trusted-ca-file"
+	}
+	if ca == "" {
+		return nil, fmt.Errorf("server: --join over https needs --trusted-ca-file (or --peer-trusted-ca-file) to verify the member")
+	}
+	pool, err := loadCAPool(ca, caFlag)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	certFile, keyFile := c.CertFile, c.KeyFile
+	if certFile == "" {
+		certFile, keyFile = c.PeerCertFile, c.PeerKeyFile
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("server: client certificate for --join: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -275,5 +276,89 @@ func TestPeerTLS(t *testing.T) {
 		if err := call(opts...); err == nil {
 			t.Errorf("a caller with %s was served on the peer port", name)
 		}
+	}
+}
+
+// TestJoinOverHTTPS: a node joins through a member's https client URL
+// (with --client-cert-auth), verifying the member with --trusted-ca-file
+// and presenting its --cert-file; a node without a client certificate is
+// refused and does not start.
+func TestJoinOverHTTPS(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, "brain-join-ca")
+	cert, key := ca.issue(t, "brainnode")
+	crt, k, caf := writeFile(t, dir, "n.crt", cert), writeFile(t, dir, "n.key", key), writeFile(t, dir, "ca.crt", ca.pem)
+	node := func(name string) server.Config {
+		peer := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePortPair(t))
+		return server.Config{
+			Name: name, DataDir: filepath.Join(dir, name), FastGossip: true,
+			ListenClientURLs: []string{fmt.Sprintf("https://127.0.0.1:%d", testutil.FreePort(t))},
+			ListenPeerURLs:   []string{peer}, InitialAdvertisePeerURLs: []string{peer}, InitialCluster: name + "=" + peer,
+			CertFile: crt, KeyFile: k, TrustedCAFile: caf, ClientCertAuth: true,
+			HeartbeatInterval: 50 * time.Millisecond, ElectionTimeout: 500 * time.Millisecond,
+		}
+	}
+	// A 2-member cluster (a single node serves no peers until it has some).
+	n1, n2 := node("n1"), node("n2")
+	initial := n1.InitialCluster + "," + n2.InitialCluster
+	n1.InitialCluster, n2.InitialCluster = initial, initial
+	errc := make(chan error, 2)
+	for _, c := range []server.Config{n1, n2} {
+		go func(c server.Config) {
+			c.Logger = testutil.Quiet()
+			s, err := server.New(c)
+			if err == nil {
+				t.Cleanup(s.Stop)
+			}
+			errc <- err
+		}(c)
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	join := n1.ListenClientURLs[0]
+
+	bad := node("nocert")
+	bad.ListenClientURLs = []string{"http://127.0.0.1:0"}
+	bad.CertFile, bad.KeyFile, bad.ClientCertAuth = "", "", false
+	bad.Join, bad.Logger = join, testutil.Quiet()
+	if s, err := server.New(bad); err == nil {
+		s.Stop()
+		t.Fatal("a node without a client certificate joined a --client-cert-auth member")
+	} else {
+		t.Logf("without a client certificate: %v", err)
+	}
+
+	third := node("n3")
+	third.Join = join
+	s3 := testutil.StartBrain(t, third)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.pem)
+	kp, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testutil.Endpoint(s3)}, DialTimeout: 3 * time.Second, Logger: zap.NewNop(),
+		TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{kp}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		ml, err := cli.MemberList(ctx)
+		if err == nil && len(ml.Members) == 3 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("MemberList on the joined node: %v %v", ml, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := cli.Put(ctx, "/joined", "v"); err != nil {
+		t.Fatalf("put through the node that joined over https: %v", err)
 	}
 }
