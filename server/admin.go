@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,6 +19,7 @@ import (
 //
 //	GET  /brain/v1/status                       this node's view (NodeStatus)
 //	POST /brain/v1/transfer-leader?group=G&to=ID hand this node's leadership of G to member ID
+//	POST /brain/v1/move-replica?group=G&from=A&to=B move partition G's replica from member A to B (on G's leader)
 
 // NodeStatus is one node's view of the cluster.
 type NodeStatus struct {
@@ -66,6 +68,7 @@ type GroupStatus struct {
 func (s *Server) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("GET /brain/v1/status", s.handleStatus)
 	mux.HandleFunc("POST /brain/v1/transfer-leader", s.handleTransferLeader)
+	mux.HandleFunc("POST /brain/v1/move-replica", s.handleMoveReplica)
 }
 
 // Status returns this node's view of the cluster.
@@ -176,4 +179,29 @@ func (s *Server) handleTransferLeader(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintf(w, "group %d: leadership handed to %s\n", group, formatID(to))
+}
+
+func (s *Server) handleMoveReplica(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	group, err1 := strconv.ParseUint(q.Get("group"), 10, 64)
+	from, err2 := strconv.ParseUint(q.Get("from"), 16, 64)
+	to, err3 := strconv.ParseUint(q.Get("to"), 16, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		http.Error(w, "want group=<number>&from=<member ID in hex>&to=<member ID in hex>", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
+	defer cancel()
+	err := s.MoveReplica(ctx, group, from, to)
+	var nl errNotGroupLeader
+	switch {
+	case err == nil:
+		fmt.Fprintf(w, "group %d: replica moved from %s to %s\n", group, formatID(from), formatID(to))
+	case errors.Is(err, ErrMoveLeaderHandedOff):
+		http.Error(w, err.Error(), http.StatusAccepted)
+	case errors.As(err, &nl):
+		http.Error(w, err.Error(), http.StatusConflict)
+	default:
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+	}
 }

@@ -91,6 +91,13 @@ func (s *Server) balanceLeaders() {
 			if !st.IsLeader || !st.LeaderReady || pref == s.id.MemberID || !s.membership.Alive(pref) || !slices.Contains(s.memberIDs(), pref) {
 				continue
 			}
+			// A group whose replicas are changing (a move or repair: more
+			// voters than the replication factor, or partition learners)
+			// keeps its leader: the leader may have been handed over so
+			// that the preferred node's replica can be removed.
+			if len(st.Voters) > min(s.id.Replicas, len(s.memberIDs())) || (len(st.Learners) > 0 && !allMembersGroup(id)) {
+				continue
+			}
 			// Gossip takes seconds to notice a dead node; raft knows within
 			// an election timeout whether pref still answers. A transfer to
 			// a dead node would pause the group's writes for nothing.

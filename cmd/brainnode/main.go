@@ -92,7 +92,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
-	cmd.AddCommand(statusCmd(), transferLeaderCmd(), snapshotCmd(), migrateCmd(), versionCmd())
+	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), snapshotCmd(), migrateCmd(), versionCmd())
 	return cmd
 }
 

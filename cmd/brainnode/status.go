@@ -313,3 +313,98 @@ func transferLeaderCmd() *cobra.Command {
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
 }
+
+// resolveMember returns the ID (hex) of the member named or numbered ref.
+func resolveMember(views []nodeView, ref string) string {
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		for _, m := range v.status.Members {
+			if m.Name == ref || m.ID == ref {
+				return m.ID
+			}
+		}
+	}
+	return ""
+}
+
+// groupLeader returns the endpoint of the node leading group, or "".
+func groupLeader(views []nodeView, group uint64) string {
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		for _, g := range v.status.Groups {
+			if g.Group == group && g.Role == "leader" {
+				return v.endpoint
+			}
+		}
+	}
+	return ""
+}
+
+func moveReplicaCmd() *cobra.Command {
+	var a adminFlags
+	var group uint64
+	var from, to string
+	cmd := &cobra.Command{
+		Use:   "move-replica",
+		Short: "Move a partition's replica from one member to another (learner, catch-up, promotion, removal)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			hc, err := a.client()
+			if err != nil {
+				return err
+			}
+			hc.Timeout = max(hc.Timeout, 3*time.Minute)
+			var last string
+			for attempt := 0; attempt < 10; attempt++ {
+				if attempt > 0 {
+					time.Sleep(time.Second)
+				}
+				views, err := a.statuses()
+				if err != nil {
+					return err
+				}
+				fromID, toID := resolveMember(views, from), resolveMember(views, to)
+				switch {
+				case fromID == "":
+					return fmt.Errorf("no member named or with ID %q", from)
+				case toID == "":
+					return fmt.Errorf("no member named or with ID %q", to)
+				}
+				ep := groupLeader(views, group)
+				if ep == "" {
+					last = fmt.Sprintf("none of %v leads group %d", a.endpoints, group)
+					continue
+				}
+				resp, err := hc.Post(fmt.Sprintf("%s/brain/v1/move-replica?group=%d&from=%s&to=%s", ep, group, fromID, toID), "", nil)
+				if err != nil {
+					return err
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				last = strings.TrimSpace(string(b))
+				switch resp.StatusCode {
+				case http.StatusOK:
+					fmt.Fprintln(cmd.OutOrStdout(), last)
+					return nil
+				case http.StatusAccepted, http.StatusConflict:
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s; asking the leader again\n", last)
+					continue
+				default:
+					return fmt.Errorf("%s: %s", resp.Status, last)
+				}
+			}
+			return fmt.Errorf("group %d: the move did not finish: %s", group, last)
+		},
+	}
+	a.register(cmd)
+	cmd.Flags().Uint64Var(&group, "group", 0, "Partition group (100.., see status).")
+	cmd.Flags().StringVar(&from, "from", "", "Member name or ID (hex) holding the replica.")
+	cmd.Flags().StringVar(&to, "to", "", "Member name or ID (hex) to move it to.")
+	_ = cmd.MarkFlagRequired("from")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}
