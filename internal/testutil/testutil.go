@@ -1,4 +1,3 @@
-// Package testutil starts brain nodes and reference etcd servers for tests.
 package testutil
 
 import (

@@ -1,0 +1,2 @@
+// Package testutil starts brain nodes and reference etcd servers for tests.
+package testutil

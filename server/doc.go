@@ -1,0 +1,25 @@
+// Package server is one brain node: it opens the node's Pebble store and
+// raft host, creates the TSO, meta and partition replicas it holds, and
+// serves the etcd API (etcdcompat), the internal peer API (kvapi), the
+// operator API (/brain/v1/...), health and metrics.
+//
+// Files:
+//
+//	server.go      opening, serving and stopping a node
+//	config.go      the configuration and its flags' defaults and checks
+//	identity.go    the persisted member identity (ID, cluster, members)
+//	membership.go  gossip (cluster package) and the identity of a new store
+//	members.go     etcd's MemberList/Add/Remove and --join
+//	placement.go   initial placement, preferred leaders, leader balancing
+//	rebalance.go   moving replicas to the placement over current members
+//	replicas.go    this node's replicas over time: added, removed, repaired
+//	move.go        manual replica moves (brainnode move-replica)
+//	admin.go       the operator API (status, transfer-leader, move-replica)
+//	maintenance.go etcd's Maintenance service (status, hash, snapshot)
+//	restore.go     restoring a backup into a new data directory
+//	quota.go       the backend quota and its NOSPACE alarm
+//	tls.go         client and peer TLS
+//
+// Raft is the truth for each group's replicas; gossip carries addresses,
+// liveness and leader hints.
+package server
