@@ -1,14 +1,8 @@
-// Command composetest drives the failover scenario of deploy/cluster.sh
-// test against the docker-compose cluster: it writes through every node,
-// watches through the last one, kills -9 a container in the middle of the
-// load (docker kill) and starts it again, then checks that every
-// acknowledged write is readable with its revision and that the watch saw
-// each exactly once, in revision order. It prints the longest gap between
-// acknowledged writes and exits non-zero on any violation.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -19,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -86,16 +81,32 @@ func run(eps []string, container string) error {
 	var seen []ack
 	wdone := make(chan error, 1)
 	go func() {
-		for wr := range watcher.Watch(clientv3.WithRequireLeader(wctx), "/compose/k/", clientv3.WithPrefix(), clientv3.WithRev(start.Header.Revision+1)) {
-			if err := wr.Err(); err != nil {
-				wdone <- err
+		// As kube-apiserver does, a watch that ends (require-leader cancels
+		// it while its node has no leader, e.g. right after a restart) is
+		// opened again from the revision after the last event seen.
+		next := start.Header.Revision + 1
+		for wctx.Err() == nil {
+			var werr error
+			for wr := range watcher.Watch(clientv3.WithRequireLeader(wctx), "/compose/k/", clientv3.WithPrefix(), clientv3.WithRev(next)) {
+				if werr = wr.Err(); werr != nil {
+					break
+				}
+				wmu.Lock()
+				for _, ev := range wr.Events {
+					seen = append(seen, ack{key: string(ev.Kv.Key), value: string(ev.Kv.Value), rev: ev.Kv.ModRevision})
+					next = ev.Kv.ModRevision + 1
+				}
+				wmu.Unlock()
+			}
+			if wctx.Err() != nil {
+				break
+			}
+			if werr != nil && errors.Is(werr, rpctypes.ErrCompacted) {
+				wdone <- werr
 				return
 			}
-			wmu.Lock()
-			for _, ev := range wr.Events {
-				seen = append(seen, ack{key: string(ev.Kv.Key), value: string(ev.Kv.Value), rev: ev.Kv.ModRevision})
-			}
-			wmu.Unlock()
+			log.Printf("watch ended (%v); opening it again from revision %d", werr, next)
+			time.Sleep(200 * time.Millisecond)
 		}
 		wdone <- nil
 	}()
