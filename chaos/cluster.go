@@ -263,6 +263,11 @@ func (c *Cluster) DiskFault(ctx context.Context, n *Node, mode string, delay tim
 	hc := http.Client{Timeout: 2 * time.Second}
 	var last error
 	for range 20 { // a node that just restarted may not listen yet
+		if (mode == "fail" || mode == "full") && last != nil && !n.Up() {
+			// The fault took effect before the node could answer: its
+			// next write failed and it stopped itself, as it should.
+			return nil
+		}
 		resp, err := hc.Post(u, "text/plain", nil)
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)

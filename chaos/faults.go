@@ -111,6 +111,12 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 		if target = c.Busiest(); target == nil {
 			target = random
 		}
+	case "transfer":
+		progress("transfer leaderships for %v", hold.Round(time.Millisecond))
+		tl.add("transfer-storm", "")
+		asked, done := c.transferStorm(ctx, hold, rng)
+		tl.add("transfer-storm-end", fmt.Sprintf("%d asked, %d done", asked, done))
+		return nil
 	case "restart-all":
 		progress("restart-all")
 		tl.add("kill-all", "")

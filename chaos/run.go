@@ -108,12 +108,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Clients == 0 {
 		cfg.Clients = 4
 	}
-	known := FaultNames
+	defaults := FaultNames
 	if cfg.Netns {
-		known = append(slices.Clone(FaultNames), NetFaultNames...)
+		defaults = append(slices.Clone(FaultNames), NetFaultNames...)
 	}
+	known := append(slices.Clone(defaults), PlacementFaultNames...)
 	if len(cfg.Faults) == 0 {
-		cfg.Faults = known
+		cfg.Faults = defaults
 	}
 	if len(cfg.Workloads) == 0 {
 		cfg.Workloads = WorkloadNames

@@ -1,7 +1,3 @@
-// Command brainchaos runs a chaos run (package chaos) against a cluster of
-// brainnode processes on this machine and exits non-zero on any violation.
-//
-//	go run ./cmd/brainchaos --duration 5m --seed 42
 package main
 
 import (
@@ -84,7 +80,7 @@ if it found a violation (2 if the run itself failed).`,
 	f.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and workloads (default: random, printed)")
 	f.IntVar(&cfg.Nodes, "nodes", 3, "cluster size")
 	f.IntVar(&cfg.Clients, "clients", 4, "clients per workload")
-	f.StringVar(&faults, "faults", "", "faults to draw from (default: "+strings.Join(chaos.FaultNames, ",")+"; with --netns also "+strings.Join(chaos.NetFaultNames, ",")+")")
+	f.StringVar(&faults, "faults", "", "faults to draw from (default: "+strings.Join(chaos.FaultNames, ",")+"; with --netns also "+strings.Join(chaos.NetFaultNames, ",")+"; only when named: "+strings.Join(chaos.PlacementFaultNames, ",")+")")
 	f.BoolVar(&cfg.Netns, "netns", false, "run each node in a network namespace of its own (root; enables the network faults)")
 	f.StringVar(&workloads, "workloads", strings.Join(chaos.WorkloadNames, ","), "workloads to mix")
 	f.StringVar(&cfg.Out, "out", "", "report directory (default chaos-report/<seed>)")

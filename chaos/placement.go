@@ -1,0 +1,105 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// PlacementFaultNames are faults that move leaderships through the
+// operator API rather than break anything; a run draws them only when
+// --faults names them:
+//   - transfer: for the hold time, every 250 ms a random group's leader is
+//     asked (POST /brain/v1/transfer-leader) to hand its leadership to a
+//     random other voter: planned transfers under load, racing each other
+//     and the balancer. A transfer that does not happen is no violation;
+//     a write it fails or a revision it skips would be caught by the
+//     checkers as for any fault.
+var PlacementFaultNames = []string{"transfer"}
+
+// nodeGroups is the part of a node's /brain/v1/status the faults read.
+type nodeGroups struct {
+	ID     string `json:"id"`
+	Groups []struct {
+		Group  uint64   `json:"group"`
+		Role   string   `json:"role"`
+		Voters []string `json:"voters"`
+	} `json:"groups"`
+}
+
+// leadership is a group a node leads, with the group's voters.
+type leadership struct {
+	node   *Node
+	self   string
+	group  uint64
+	voters []string
+}
+
+// leaderships asks every running node which groups it leads.
+func (c *Cluster) leaderships(ctx context.Context) []leadership {
+	hc := http.Client{Timeout: time.Second}
+	var out []leadership
+	for _, n := range c.Nodes {
+		if !n.Up() {
+			continue
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.Endpoint()+"/brain/v1/status", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			continue
+		}
+		var st nodeGroups
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		for _, g := range st.Groups {
+			if g.Role == "leader" {
+				out = append(out, leadership{node: n, self: st.ID, group: g.Group, voters: g.Voters})
+			}
+		}
+	}
+	return out
+}
+
+// transferStorm asks random leaders to hand their groups to random other
+// voters until hold has passed; it returns how many transfers were asked
+// and how many happened.
+func (c *Cluster) transferStorm(ctx context.Context, hold time.Duration, rng *rand.Rand) (asked, done int) {
+	hc := http.Client{Timeout: 15 * time.Second}
+	end := time.Now().Add(hold)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		if ls := c.leaderships(ctx); len(ls) > 0 {
+			l := ls[rng.Intn(len(ls))]
+			var others []string
+			for _, v := range l.voters {
+				if v != l.self {
+					others = append(others, v)
+				}
+			}
+			if len(others) > 0 {
+				to := others[rng.Intn(len(others))]
+				u := fmt.Sprintf("http://%s/brain/v1/transfer-leader?group=%d&to=%s", l.node.Endpoint(), l.group, url.QueryEscape(to))
+				if req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil); err == nil {
+					asked++
+					if resp, err := hc.Do(req); err == nil {
+						if resp.StatusCode == http.StatusOK {
+							done++
+						}
+						resp.Body.Close()
+					}
+				}
+			}
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+	return asked, done
+}
