@@ -3,6 +3,7 @@ package kvapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"github.com/brainkv/brain/meta"
 
@@ -14,8 +15,17 @@ import (
 
 // HandleCall implements Handler: it executes another node's call on this
 // node's replicas, answering NotLeader where a leader is needed and this
-// replica is not it.
+// replica is not it, and ErrNoReplica (retried elsewhere) where the
+// replica stopped under the call.
 func (s *Store) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
+	res, err := s.handleCall(ctx, req)
+	if errors.Is(err, partition.ErrReplicaClosed) {
+		err = ErrNoReplica
+	}
+	return res, err
+}
+
+func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
 	if req.Op == OpClusterInfo {
 		if s.clusterInfo == nil {
 			return nil, errCorruptCall

@@ -379,7 +379,11 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 // scan reads a route at rev on the local replica, or on the leader's node.
 func (s *Store) scan(ctx context.Context, rt *route, key, end []byte, rev int64, o partition.ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
 	if l := rt.local(); l != nil {
-		return l.Scan(ctx, key, end, rev, o)
+		kvs, n, err := l.Scan(ctx, key, end, rev, o)
+		if !errors.Is(err, partition.ErrReplicaClosed) {
+			return kvs, n, err
+		}
+		// The replica was removed while the read waited: read elsewhere.
 	}
 	var resp pb.RangeResponse
 	err := s.call(ctx, rt.ID, OpScan, true, nil, func() ([]byte, error) {
@@ -542,7 +546,11 @@ func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, er
 			return nil, err
 		}
 		if l := rte.local(); l != nil {
-			return l.ReadTxn(ctx, rt, rev)
+			resp, err := l.ReadTxn(ctx, rt, rev)
+			if !errors.Is(err, partition.ErrReplicaClosed) {
+				return resp, err
+			}
+			// The replica was removed while the read waited: read elsewhere.
 		}
 		var resp pb.TxnResponse
 		err = s.call(ctx, rte.ID, OpReadTxn, true, nil, func() ([]byte, error) {

@@ -29,6 +29,10 @@ var (
 	ErrLeaderChanged = errors.New("partition: leader changed")
 	// ErrOutsideRange: a key is not in this partition's span.
 	ErrOutsideRange = errors.New("partition: key outside partition range")
+	// ErrReplicaClosed: the replica stopped (it was removed from its group,
+	// or its node is stopping) before the revision a reader waited for
+	// became readable here; another replica can serve the read.
+	ErrReplicaClosed = errors.New("partition: replica closed")
 )
 
 // Revisions is the partition's view of the TSO.
@@ -178,6 +182,8 @@ type Partition struct {
 	// initialized: the replica has its span (a replica added to the group
 	// gets it with its first snapshot).
 	initialized atomic.Bool
+	// stopped: Close was called; readers no longer wait here.
+	stopped atomic.Bool
 
 	prop struct {
 		sync.Mutex
@@ -259,8 +265,18 @@ func (p *Partition) Bind(g *raftgroup.Group) {
 	p.gc.start()
 }
 
-// Close stops background work and ends the feed subscriptions.
+// Close stops background work, ends the feed subscriptions, and fails
+// the readers waiting for a revision with ErrReplicaClosed (a removed
+// replica applies nothing more, so they would wait forever).
 func (p *Partition) Close() {
+	p.stopped.Store(true)
+	p.waiting.Lock()
+	for _, w := range p.waiting.h {
+		close(w.ch)
+	}
+	p.waiting.h = nil
+	p.nwaiting.Store(0)
+	p.waiting.Unlock()
 	p.endSubscriptions(true)
 	p.gc.stop()
 }
@@ -405,6 +421,12 @@ func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 	heap.Push(&p.waiting.h, w)
 	p.nwaiting.Add(1)
 	p.waiting.Unlock()
+	// Close sets stopped before it wakes the waiters: either it saw this
+	// one, or this check sees stopped.
+	if p.stopped.Load() {
+		p.dropWaiter(w)
+		return ErrReplicaClosed
+	}
 	// A sole-voter leader's own bound rises as the writes in flight below
 	// rev apply; others need a close through the log.
 	if !p.soleReadyLeader() {
@@ -413,18 +435,26 @@ func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 	p.notifyProgress() // it may have become readable while registering
 	select {
 	case <-w.ch:
+		if !p.ReadableAt(rev) {
+			return ErrReplicaClosed // woken by Close
+		}
 		return nil
 	case <-ctx.Done():
-		p.waiting.Lock()
-		for i, x := range p.waiting.h {
-			if x == w {
-				heap.Remove(&p.waiting.h, i)
-				p.nwaiting.Add(-1)
-				break
-			}
-		}
-		p.waiting.Unlock()
+		p.dropWaiter(w)
 		return ctx.Err()
+	}
+}
+
+// dropWaiter removes w from the waiting readers if it is still there.
+func (p *Partition) dropWaiter(w *readWaiter) {
+	p.waiting.Lock()
+	defer p.waiting.Unlock()
+	for i, x := range p.waiting.h {
+		if x == w {
+			heap.Remove(&p.waiting.h, i)
+			p.nwaiting.Add(-1)
+			return
+		}
 	}
 }
 

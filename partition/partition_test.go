@@ -3,6 +3,7 @@ package partition
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
@@ -592,5 +593,39 @@ func TestCollectSkipsPurgedKeys(t *testing.T) {
 	kv, err := h.p.Get(ctx, []byte("kept"), rev)
 	if err != nil || kv == nil {
 		t.Fatalf("a live key after collection: %v %v", kv, err)
+	}
+}
+
+// TestCloseFailsWaitingReaders: a replica that stops (removed from its
+// group) applies nothing more, so a reader waiting for a revision to close
+// there must be told to read elsewhere instead of waiting forever.
+func TestCloseFailsWaitingReaders(t *testing.T) {
+	db := openDB(t)
+	p, err := New(Config{ID: 100, Start: []byte{}, DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not bound to a raft group: nothing will ever close revision 5.
+	errc := make(chan error, 1)
+	go func() { errc <- p.WaitClosed(context.Background(), 5) }()
+	select {
+	case err := <-errc:
+		t.Fatalf("WaitClosed returned %v before the revision closed", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrReplicaClosed) {
+			t.Fatalf("waiting reader got %v, want ErrReplicaClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader still waits on a closed replica")
+	}
+	if err := p.WaitClosed(context.Background(), 5); !errors.Is(err, ErrReplicaClosed) {
+		t.Fatalf("reader arriving after Close got %v, want ErrReplicaClosed", err)
+	}
+	if err := p.WaitClosed(context.Background(), 0); err != nil {
+		t.Fatalf("a revision already closed stays readable after Close: %v", err)
 	}
 }
