@@ -35,6 +35,12 @@ var errorTable = []struct {
 	{raftgroup.ErrNotLeader, rpctypes.ErrGRPCNoLeader},
 	{meta.ErrNotLeader, rpctypes.ErrGRPCNoLeader},
 	{tso.ErrNotLeader, rpctypes.ErrGRPCNoLeader},
+	// No leader reachable in time, or a replica that stopped under a read
+	// that had no other replica to go to: etcd's "no leader", which
+	// clients retry.
+	{kvapi.ErrNoLeader, rpctypes.ErrGRPCNoLeader},
+	{kvapi.ErrNoReplica, rpctypes.ErrGRPCNoLeader},
+	{partition.ErrReplicaClosed, rpctypes.ErrGRPCNoLeader},
 	{raftgroup.ErrStopped, rpctypes.ErrGRPCStopped},
 	{context.DeadlineExceeded, rpctypes.ErrGRPCTimeout},
 	{partition.ErrRetriesExhausted, rpctypes.ErrGRPCTimeout},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -26,6 +27,8 @@ func TestErrorsAsEtcd(t *testing.T) {
 		{raftgroup.ErrLeaderChanged, rpctypes.ErrGRPCLeaderChanged, codes.Unavailable},
 		{partition.ErrRetriesExhausted, rpctypes.ErrGRPCTimeout, codes.Unavailable},
 		{context.DeadlineExceeded, rpctypes.ErrGRPCTimeout, codes.Unavailable},
+		{kvapi.ErrNoLeader, rpctypes.ErrGRPCNoLeader, codes.Unavailable},
+		{fmt.Errorf("scan: %w", partition.ErrReplicaClosed), rpctypes.ErrGRPCNoLeader, codes.Unavailable},
 	} {
 		got := toGRPCError(c.err)
 		if !errors.Is(got, c.want) || status.Code(got) != c.code {

@@ -155,6 +155,9 @@ var errCodes = []error{
 	ErrNoReplica,
 	context.DeadlineExceeded,
 	context.Canceled,
+	// Appended: existing codes keep their numbers across versions.
+	ErrNoLeader,
+	partition.ErrRetriesExhausted,
 }
 
 const (

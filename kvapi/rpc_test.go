@@ -3,10 +3,12 @@ package kvapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/partition"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -35,5 +37,18 @@ func TestCallToDeadNodeIsNeverSent(t *testing.T) {
 		neverSent(status.Error(codes.Unavailable, "transport is closing")) ||
 		neverSent(status.Error(codes.DeadlineExceeded, "context deadline exceeded")) {
 		t.Fatal("a call that broke after it was sent counted as never sent")
+	}
+}
+
+// TestErrorCodesRoundTrip checks the errors callers match on survive the
+// trip between nodes (an unknown one arrives as plain text, which the
+// gateway can only answer as etcd's code Unknown).
+func TestErrorCodesRoundTrip(t *testing.T) {
+	for _, want := range []error{ErrNoLeader, partition.ErrRetriesExhausted, ErrNoReplica, partition.ErrLeaderChanged, partition.ErrCompacted} {
+		code, msg := toCode(fmt.Errorf("wrapped: %w", want))
+		got := fromCode(&CallResponse{Code: code, Msg: msg})
+		if !errors.Is(got, want) {
+			t.Errorf("%v came back as %v (code %d)", want, got, code)
+		}
 	}
 }
