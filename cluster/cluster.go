@@ -95,9 +95,13 @@ func Start(cfg Config) (*Membership, error) {
 	mc.Name = fmt.Sprintf("%x", cfg.Self.ID)
 	mc.BindAddr, mc.BindPort = cfg.BindAddr, cfg.BindPort
 	mc.AdvertiseAddr, mc.AdvertisePort = cfg.AdvertiseAddr, cfg.BindPort
-	if mc.AdvertiseAddr == "" {
+	if ip := net.ParseIP(cfg.BindAddr); mc.AdvertiseAddr == "" && ip != nil && !ip.IsUnspecified() {
 		mc.AdvertiseAddr = cfg.BindAddr
 	}
+	// Otherwise (a wildcard bind and nothing to advertise) memberlist
+	// advertises a private address of this host: advertising the wildcard
+	// itself would make every probe of this node fail, and gossip would
+	// call it dead.
 	if len(cfg.SecretKey) > 0 {
 		mc.SecretKey = cfg.SecretKey
 	}

@@ -105,3 +105,39 @@ func TestGossipEncryption(t *testing.T) {
 		t.Fatal("a node without the key learned of the cluster")
 	}
 }
+
+// TestWildcardBindStaysAlive binds gossip to every interface with no
+// address to advertise (as a node listening on 0.0.0.0 whose peer URL
+// names a host does): the nodes must advertise an address the others can
+// probe, not the wildcard, or they call each other dead.
+func TestWildcardBindStaysAlive(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var ms []*Membership
+	var seeds []string
+	for i := 1; i <= 2; i++ {
+		port := freePort(t)
+		m, err := Start(Config{
+			Self:     NodeInfo{ID: uint64(i), Name: fmt.Sprint("n", i), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i)},
+			BindAddr: "0.0.0.0", BindPort: port, Seeds: seeds, Fast: true, Logger: log,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Stop()
+		if a := m.ml.LocalNode().Addr; a.IsUnspecified() {
+			t.Fatalf("node %d advertises the wildcard address %v", i, a)
+		}
+		ms = append(ms, m)
+		seeds = append(seeds, fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	eventually(t, func() bool { return ms[0].Alive(2) && ms[1].Alive(1) })
+	// Fast probes every 200 ms: a node advertising an unreachable address
+	// is suspected and declared dead well within this.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if !ms[0].Alive(2) || !ms[1].Alive(1) {
+			t.Fatal("a node bound to the wildcard address was declared dead")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -129,9 +129,7 @@ func (s *Server) startMembership() error {
 			seeds = append(seeds, g)
 		}
 	}
-	if ip := net.ParseIP(advertise); ip == nil || ip.IsUnspecified() {
-		advertise = "" // memberlist picks a private address
-	}
+	advertise = gossipAdvertiseAddr(advertise)
 	key, err := s.cfg.gossipKey()
 	if err != nil {
 		return err
@@ -148,4 +146,28 @@ func (s *Server) startMembership() error {
 		Logger:        s.log,
 	})
 	return err
+}
+
+// gossipAdvertiseAddr returns the IP to advertise for gossip given the
+// host of this node's advertised peer URL: that IP, the address a host
+// name resolves to (in containers, the name other nodes reach this one
+// by), or "" to let memberlist pick a private address (a wildcard, or a
+// name that does not resolve yet).
+func gossipAdvertiseAddr(host string) string {
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.IsUnspecified() {
+			return ""
+		}
+		return host
+	}
+	addrs, err := net.LookupIP(host)
+	if err != nil {
+		return ""
+	}
+	for _, ip := range addrs {
+		if ip4 := ip.To4(); ip4 != nil && !ip4.IsUnspecified() {
+			return ip4.String()
+		}
+	}
+	return ""
 }
