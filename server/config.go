@@ -124,6 +124,11 @@ type Config struct {
 	// ReplicaCheckInterval is how often a node checks its replicas (adds,
 	// removals, repairs); default 1s.
 	ReplicaCheckInterval time.Duration
+	// RebalanceInterval (--rebalance-interval) is how often the leader of
+	// a partition compares its replicas with the placement over the
+	// current members and moves one (rebalance.go); default 10s, negative
+	// disables rebalancing.
+	RebalanceInterval time.Duration
 
 	// Logger; default: JSON to stderr at LogLevel.
 	Logger *slog.Logger
@@ -219,6 +224,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.ReplicaCheckInterval == 0 {
 		c.ReplicaCheckInterval = time.Second
+	}
+	if c.RebalanceInterval == 0 {
+		c.RebalanceInterval = 10 * time.Second
 	}
 	if c.Join != "" {
 		c.InitialClusterState = "existing"

@@ -71,15 +71,46 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() (bool, s
 // TestClusterJoin starts a fourth node with --join: it becomes a member
 // (MemberList), gets TSO and meta learners, and serves writes, linearizable
 // reads and watches (history from before it joined included) that agree
-// with the other nodes.
+// with the other nodes; rebalancing then gives it its share of partition
+// replicas and a leadership under writes and a watch.
 func TestClusterJoin(t *testing.T) {
-	c, ctx, c1 := startServing(t, 3, server.Config{}, 90*time.Second)
+	c, ctx, c1 := startServing(t, 3, server.Config{RebalanceInterval: 300 * time.Millisecond, LeaderBalanceInterval: 300 * time.Millisecond}, 150*time.Second)
 	before, err := c1.Put(ctx, "a", "before-join")
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	n := c.Join(1, server.Config{})
+	// Rebalancing: the placement over four members gives the joined node
+	// its share of the partitions' replicas (3 of the 12) and leads it a
+	// partition. Writes go on from the join until it is done (checked at
+	// the end).
+	stopW := make(chan struct{})
+	var wmu sync.Mutex
+	var acked []int64
+	var werr error
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopW:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			p, err := c1.Put(ctx, fmt.Sprintf("%s-moving-%d", memberKeys[i%len(memberKeys)], i), "v")
+			wmu.Lock()
+			if err != nil {
+				werr = err
+			} else {
+				acked = append(acked, p.Header.Revision)
+			}
+			wmu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
 	c4 := testutil.Client(t, c.Endpoint(n))
 	eventually(t, 30*time.Second, "MemberList shows the joined node by name", func() (bool, string) {
 		ml, err := c4.MemberList(ctx)
@@ -111,6 +142,7 @@ func TestClusterJoin(t *testing.T) {
 
 	wch := c4.Watch(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(before.Header.Revision))
 	var last int64
+	want := []int64{before.Header.Revision}
 	for i := 0; i < 20; i++ {
 		k := memberKeys[i%len(memberKeys)]
 		p, err := c4.Put(ctx, k, fmt.Sprint(i))
@@ -121,6 +153,7 @@ func TestClusterJoin(t *testing.T) {
 			t.Fatalf("revision %d after %d", p.Header.Revision, last)
 		}
 		last = p.Header.Revision
+		want = append(want, last)
 		for j, cl := range []*clientv3.Client{c1, c4} {
 			g, err := cl.Get(ctx, k)
 			if err != nil || len(g.Kvs) != 1 || string(g.Kvs[0].Value) != fmt.Sprint(i) || g.Header.Revision < last {
@@ -128,10 +161,46 @@ func TestClusterJoin(t *testing.T) {
 			}
 		}
 	}
-	// The watch starts with the write from before the join, then the 20
-	// writes, in order.
+	eventually(t, 90*time.Second, "every node hosts 3 partition replicas and the joined node leads a partition", func() (bool, string) {
+		count := map[uint64]int{}
+		joinedLeads, state := 0, ""
+		for _, g := range c.Nodes[0].GroupIDs() {
+			if g == kvapi.TSOGroup || g == kvapi.MetaGroup {
+				continue
+			}
+			for _, s := range c.Nodes {
+				if st, ok := s.GroupStatus(g); ok && st.IsLeader {
+					for _, v := range st.Voters {
+						count[v]++
+					}
+					if s == self {
+						joinedLeads++
+					}
+					state += fmt.Sprintf("group %d: leader %x voters %x learners %x; ", g, s.MemberID(), st.Voters, st.Learners)
+				}
+			}
+		}
+		ok := joinedLeads > 0 && len(count) == 4
+		for _, k := range count {
+			ok = ok && k == 3
+		}
+		return ok, state
+	})
+	close(stopW)
+	<-wdone
+	if werr != nil {
+		t.Fatalf("a write failed while replicas moved: %v", werr)
+	}
+	if len(acked) == 0 {
+		t.Fatal("no write while replicas moved")
+	}
+	// The watch through the joined node (opened before it had replicas,
+	// its feeds switching to local replicas as they arrived) saw the write
+	// from before the join and every later one once, in revision order.
+	want = append(want, acked...)
+	slices.Sort(want)
 	var got []int64
-	for len(got) < 21 {
+	for len(got) < len(want) {
 		select {
 		case wr := <-wch:
 			if err := wr.Err(); err != nil {
@@ -143,12 +212,13 @@ func TestClusterJoin(t *testing.T) {
 				}
 			}
 		case <-ctx.Done():
-			t.Fatalf("watch via the joined node saw %d of 21 events: %v", len(got), got)
+			t.Fatalf("watch via the joined node saw %d of %d writes", len(got), len(want))
 		}
 	}
-	if got[0] != before.Header.Revision || got[20] != last || !slices.IsSorted(got) {
-		t.Fatalf("watch revisions %v: want %d first, %d last, increasing", got, before.Header.Revision, last)
+	if !slices.Equal(got, want) {
+		t.Fatalf("watch via the joined node saw revisions %v, want the acknowledged %v", got, want)
 	}
+	t.Logf("%d writes while the joined node received its replicas", len(acked))
 
 	// A restarted joined node keeps its identity and serves.
 	c.Stop(n)

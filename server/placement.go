@@ -69,8 +69,8 @@ func hosts(cs raftpb.ConfState, node uint64) bool {
 }
 
 // balanceLeaders hands each group this node leads to its preferred leader
-// when that node is alive and a voter, so leaders stay spread over the
-// cluster after failovers.
+// (preferredLeaderOf) when that node is alive and a voter, so leaders stay
+// spread over the cluster after failovers and reach nodes that joined.
 func (s *Server) balanceLeaders() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.LeaderBalanceInterval)
@@ -87,7 +87,7 @@ func (s *Server) balanceLeaders() {
 				continue
 			}
 			st := g.Status()
-			pref := preferredLeader(id, s.id.Members)
+			pref := s.preferredLeaderOf(id)
 			if !st.IsLeader || !st.LeaderReady || pref == s.id.MemberID || !s.membership.Alive(pref) || !slices.Contains(s.memberIDs(), pref) {
 				continue
 			}

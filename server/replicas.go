@@ -298,7 +298,7 @@ func (s *Server) repairGroup(g *raftgroup.Group, st raftgroup.Status) {
 		if firstOf(st.Learners, func(n uint64) bool { return !dead(n) && alive(n) }) != 0 {
 			return // a learner is catching up
 		}
-		if n := s.pickNewReplica(members, isReplica, alive); n != 0 {
+		if n := s.pickNewReplica(g.ID(), members, isReplica, alive); n != 0 {
 			change, why = raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: n}, "add a learner to replace a dead voter"
 		}
 	case !allMembersGroup(g.ID()):
@@ -325,9 +325,17 @@ func (s *Server) repairGroup(g *raftgroup.Group, st raftgroup.Status) {
 	}
 }
 
-// pickNewReplica chooses the alive member without a replica that hosts the
-// fewest replicas known to this node, or 0.
-func (s *Server) pickNewReplica(members []uint64, isReplica, alive func(uint64) bool) uint64 {
+// pickNewReplica chooses the alive member without a replica of group id
+// that the group's placement over the current members includes (so
+// rebalancing has nothing to undo), else the one that hosts the fewest
+// replicas known to this node, or 0.
+func (s *Server) pickNewReplica(id uint64, members []uint64, isReplica, alive func(uint64) bool) uint64 {
+	usable := func(n uint64) bool { return !isReplica(n) && alive(n) && s.membership.DownFor(n) == 0 }
+	if !allMembersGroup(id) {
+		if n := firstOf(s.placementVoters(id, s.clusterMembers()), usable); n != 0 {
+			return n
+		}
+	}
 	load := map[uint64]int{}
 	for _, id := range s.groupIDs() {
 		if g := s.host.Group(id); g != nil {
@@ -339,7 +347,7 @@ func (s *Server) pickNewReplica(members []uint64, isReplica, alive func(uint64) 
 	}
 	best := uint64(0)
 	for _, n := range members {
-		if isReplica(n) || !alive(n) || s.membership.DownFor(n) > 0 {
+		if !usable(n) {
 			continue
 		}
 		if best == 0 || load[n] < load[best] {

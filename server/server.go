@@ -307,6 +307,10 @@ func (s *Server) open() error {
 		go s.balanceLeaders()
 		go s.publishLeads()
 		go s.manageReplicas()
+		if s.cfg.RebalanceInterval > 0 {
+			s.wg.Add(1)
+			go s.rebalanceReplicas()
+		}
 	}
 	return nil
 }

@@ -1,6 +1,3 @@
-// Command brainnode runs a brain node: an etcd-compatible metadata store
-// for Kubernetes. Run without flags it serves a single-node store on
-// 127.0.0.1:2379 with its data in ./default.brain, ready for etcdctl.
 package main
 
 import (
@@ -92,6 +89,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
+	f.DurationVar(&cfg.RebalanceInterval, "rebalance-interval", 10*time.Second, "brain: how often a partition's leader moves a replica toward the placement over the current members, so nodes that joined get their share of replicas and leaderships (negative: never).")
 	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), snapshotCmd(), migrateCmd(), versionCmd())
 	return cmd
 }
