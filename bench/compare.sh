@@ -37,32 +37,14 @@ QUOTA=${QUOTA:-8589934592}        # --quota-backend-bytes of both servers
 BIN_DIR=${BIN_DIR:-}              # where to build; default: the temp dir
 KEEP=${KEEP:-0}                   # 1: keep the temp dir (data, logs, JSON)
 
-usage() {
-	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-	echo "Flags (environment variable in brackets, current value after =):"
-	for v in CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP; do
-		flag=$(echo "$v" | tr 'A-Z_' 'a-z-')
-		printf '  --%-16s [%s] = %s\n' "$flag" "$v" "${!v}"
-	done
-}
-
-while [[ $# -gt 0 ]]; do
-	case $1 in
-	-h | --help) usage; exit 0 ;;
-	--keep) KEEP=1; shift ;;
-	--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
-	--*)
-		[[ $# -ge 2 ]] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
-		var=$(echo "${1#--}" | tr 'a-z-' 'A-Z_')
-		case " CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP " in
-		*" $var "*) printf -v "$var" '%s' "$2" ;;
-		*) echo "compare.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
-		esac
-		shift 2
-		;;
-	*) echo "compare.sh: unexpected argument $1 (see --help)" >&2; exit 2 ;;
-	esac
+FLAG_VARS="CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP"
+# shellcheck source=bench/flags.sh
+source "$(dirname "$0")/flags.sh"
+args=()
+for a in "$@"; do
+	if [[ $a == --keep ]]; then KEEP=1; else args+=("$a"); fi
 done
+parse_flags "${args[@]}"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-compare.XXXXXX")

@@ -1,10 +1,3 @@
-// Command etcdref runs an etcd 3.6 member (alone, or one of a cluster
-// given with --initial-cluster) built from
-// go.etcd.io/etcd/server/v3/embed, the code the real etcd binary runs, so
-// that brain can be benchmarked against the reference on the same machine
-// without downloading etcd. Every setting not exposed as a flag keeps
-// etcd's default (fsync on, default snapshot count, no auto-compaction);
-// it logs at warn level to stderr and runs until SIGINT or SIGTERM.
 package main
 
 import (
@@ -32,6 +25,8 @@ type flags struct {
 	dataDir      string
 	clientURLs   []string
 	peerURLs     []string
+	advClient    []string
+	advPeer      []string
 	quotaBytes   int64
 	readyTimeout time.Duration
 	cluster      string
@@ -57,6 +52,8 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&fl.dataDir, "data-dir", "default.etcd", "path to the data directory")
 	f.StringSliceVar(&fl.clientURLs, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "URLs to serve clients on (also advertised)")
 	f.StringSliceVar(&fl.peerURLs, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "URLs to serve peers on (also advertised)")
+	f.StringSliceVar(&fl.advClient, "advertise-client-urls", nil, "client URLs to advertise (default: --listen-client-urls)")
+	f.StringSliceVar(&fl.advPeer, "initial-advertise-peer-urls", nil, "peer URLs to advertise (default: --listen-peer-urls)")
 	f.Int64Var(&fl.quotaBytes, "quota-backend-bytes", 0, "backend size that raises the NOSPACE alarm (0: etcd's default, 2 GiB)")
 	f.DurationVar(&fl.readyTimeout, "ready-timeout", time.Minute, "give up if the server is not ready after this long")
 	f.StringVar(&fl.cluster, "initial-cluster", "", "name=peerURL,... of a new cluster's members (default: this member alone)")
@@ -73,11 +70,22 @@ func (fl *flags) config() (*embed.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--listen-peer-urls: %w", err)
 	}
+	advClient, advPeer := clientURLs, peerURLs
+	if len(fl.advClient) > 0 {
+		if advClient, err = parseURLs(fl.advClient); err != nil {
+			return nil, fmt.Errorf("--advertise-client-urls: %w", err)
+		}
+	}
+	if len(fl.advPeer) > 0 {
+		if advPeer, err = parseURLs(fl.advPeer); err != nil {
+			return nil, fmt.Errorf("--initial-advertise-peer-urls: %w", err)
+		}
+	}
 	cfg := embed.NewConfig()
 	cfg.Name = fl.name
 	cfg.Dir = fl.dataDir
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = clientURLs, clientURLs
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peerURLs, peerURLs
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = clientURLs, advClient
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peerURLs, advPeer
 	cfg.InitialCluster = cfg.InitialClusterFromName(fl.name)
 	if fl.cluster != "" {
 		cfg.InitialCluster = fl.cluster

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# scaling.sh measures write throughput against cluster size: the same
+# kube-shaped create load on brain clusters of 1, 3 and 6 nodes and on etcd
+# 3.6 clusters of the same sizes, every node a container limited to the
+# same CPU share (docker run --cpus), one cluster at a time.
+#
+# It builds static brainnode and etcdref binaries and images FROM scratch
+# (nothing is pulled), runs brainbench on the host against the containers'
+# addresses on a private bridge network (no port publishing, so no
+# docker-proxy in the path), prints a table and writes results.tsv and
+# scaling.png (tools/benchplot) into OUT.
+#
+#   bench/scaling.sh                       # sizes 1 3 6, 0.25 CPU per node
+#   bench/scaling.sh --sizes "3 6" --cpus 0.5 --total 40000
+#
+# Workloads: "spread" writes creates over RESOURCES (one partition each:
+# brain's --initial-split-points are the resources' prefixes); "hot" (with
+# --hot 1, the default) writes every create under /registry/pods/, the case
+# only load-based splitting can spread (brain splits statically today, so
+# this series shows that limit honestly).
+#
+# Every parameter can be set as an environment variable or as a flag; run
+# bench/scaling.sh --help for the list.
+set -euo pipefail
+
+SIZES=${SIZES:-1 3 6}             # cluster sizes
+CPUS=${CPUS:-0.25}                # CPU share of every node (docker --cpus)
+MEMORY=${MEMORY:-2g}              # memory limit of every node
+CLIENTS=${CLIENTS:-256}           # concurrent workers (64 leaves brain latency-bound)
+CONNS=${CONNS:-32}                # gRPC connections
+VALUE_SIZE=${VALUE_SIZE:-1024}    # bytes per value
+TOTAL=${TOTAL:-20000}             # creates per measurement
+WARMUP=${WARMUP:-2000}            # puts before measuring (leaders settle)
+RESOURCES=${RESOURCES:-configmaps,deployments,endpoints,events,leases,namespaces,nodes,pods,replicasets,secrets,serviceaccounts,services}
+HOT=${HOT:-1}                     # 1: also measure the one-prefix load
+SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
+OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
+SEED=${SEED:-1}
+BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn} # extra brainnode flags
+
+FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED BRAIN_FLAGS"
+# shellcheck source=bench/flags.sh
+source "$(dirname "$0")/flags.sh"
+parse_flags "$@"
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/brain-scaling.XXXXXX")}
+mkdir -p "$OUT"
+BIN=$OUT/bin
+NET=brainscale$$
+PREFIX=bscale$$
+FAILED=0
+
+say() { echo "== $(date +%H:%M:%S) $*" >&2; }
+
+cleanup() {
+	local ids
+	ids=$(docker ps -aq --filter "name=^$PREFIX-" || true)
+	[[ -z $ids ]] || docker rm -f $ids >/dev/null 2>&1 || true
+	docker network rm "$NET" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "building static binaries and images into $BIN"
+mkdir -p "$BIN/brain" "$BIN/etcd"
+(cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN/brain/server" ./cmd/brainnode &&
+	CGO_ENABLED=0 go build -o "$BIN/etcd/server" ./cmd/etcdref &&
+	go build -o "$BIN/brainbench" ./cmd/brainbench)
+for kind in brain etcd; do
+	printf 'FROM scratch\nCOPY server /server\nENTRYPOINT ["/server"]\n' >"$BIN/$kind/Dockerfile"
+	docker build -q -t "brainscale-$kind:dev" "$BIN/$kind" >/dev/null
+done
+docker network create "$NET" >/dev/null
+
+# split points: the prefix of every resource, sorted.
+SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -sd, -)
+
+# start_cluster KIND N: start N containers; sets EPS (their client
+# endpoints, comma separated).
+start_cluster() {
+	local kind=$1 n=$2 i initial="" eps=() name
+	for ((i = 1; i <= n; i++)); do
+		initial+="${initial:+,}n$i=http://$PREFIX-$kind$i:2380"
+	done
+	for ((i = 1; i <= n; i++)); do
+		name=$PREFIX-$kind$i
+		local args=(--name "n$i" --data-dir /data --listen-client-urls http://0.0.0.0:2379
+			--advertise-client-urls "http://$name:2379" --listen-peer-urls http://0.0.0.0:2380
+			--initial-advertise-peer-urls "http://$name:2380" --initial-cluster "$initial")
+		if [[ $kind == brain ]]; then
+			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
+			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS)
+		fi
+		docker run -d --name "$name" --hostname "$name" --network "$NET" \
+			--cpus "$CPUS" --memory "$MEMORY" --tmpfs /tmp \
+			--mount type=tmpfs,destination=/data,tmpfs-size=4g \
+			"brainscale-$kind:dev" "${args[@]}" >/dev/null
+	done
+	for ((i = 1; i <= n; i++)); do
+		eps+=("$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$PREFIX-$kind$i"):2379")
+	done
+	EPS=$(IFS=,; echo "${eps[*]}")
+	local ep
+	for ep in "${eps[@]}"; do
+		if ! "$BIN/brainbench" wait --endpoints "$ep" --timeout 90s; then
+			say "$kind ($n nodes) did not become ready on $ep; its log:"
+			docker logs --tail 30 "$PREFIX-$kind$i" >&2 || true
+			return 1
+		fi
+	done
+}
+
+stop_cluster() {
+	local kind=$1 n=$2 i
+	for ((i = 1; i <= n; i++)); do
+		docker logs "$PREFIX-$kind$i" >>"$OUT/$kind-$n-n$i.log" 2>&1 || true
+		docker rm -f "$PREFIX-$kind$i" >/dev/null 2>&1 || true
+	done
+}
+
+# measure KIND N WORKLOAD RESOURCES: one create run; appends to results.
+measure() {
+	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3.json
+	local common=(--endpoints "$EPS" --clients "$CLIENTS" --conns "$CONNS" --value-size "$VALUE_SIZE" --seed "$SEED")
+	say "$kind, $n node(s), $workload: $WARMUP warm-up puts, then $TOTAL creates"
+	"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
+	if ! "$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json"; then
+		say "$kind, $n node(s), $workload: FAILED"
+		FAILED=1
+		return 0
+	fi
+	local thru
+	thru=$(sed -n 's/.*"throughput":\([0-9.e+]*\).*/\1/p' "$json" | tail -1)
+	local label=$kind
+	[[ $workload == hot ]] && label="$kind (one prefix)"
+	printf '%s\t%s\t%s\n' "$label" "$n" "$thru" >>"$OUT/results.tsv"
+}
+
+printf '# system\tnodes\tcreates/s (%s CPU per node, %s clients, %s B values)\n' "$CPUS" "$CLIENTS" "$VALUE_SIZE" >"$OUT/results.tsv"
+say "sizes: $SIZES; $CPUS CPU and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
+for n in $SIZES; do
+	for kind in $SYSTEMS; do
+		if ! start_cluster "$kind" "$n"; then
+			FAILED=1
+			stop_cluster "$kind" "$n"
+			continue
+		fi
+		measure "$kind" "$n" spread "$RESOURCES"
+		stop_cluster "$kind" "$n"
+		if [[ $HOT == 1 && $kind == brain ]]; then
+			# A fresh cluster, so the creates find no keys of the first run.
+			if start_cluster "$kind" "$n"; then
+				measure "$kind" "$n" hot pods
+			else
+				FAILED=1
+			fi
+			stop_cluster "$kind" "$n"
+		fi
+	done
+done
+
+echo
+echo "creates/s by cluster size ($CPUS CPU per node)"
+awk -F'\t' '!/^#/ { v[$1 FS $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 } ; if (!($2 in sz)) { sz[$2] = 1; sizes[++m] = $2 } }
+END {
+	printf "%-22s", "system"; for (j = 1; j <= m; j++) printf "%12s", sizes[j] " nodes"; printf "\n"
+	for (i = 1; i <= k; i++) { printf "%-22s", order[i]; for (j = 1; j <= m; j++) { x = v[order[i] FS sizes[j]]; printf "%12s", x == "" ? "-" : sprintf("%.0f", x) } ; printf "\n" }
+}' "$OUT/results.tsv"
+(cd "$ROOT/tools/benchplot" && GOWORK=off go run . --in "$OUT/results.tsv" --out "$OUT/scaling.png" \
+	--title "creates/s vs nodes, $CPUS CPU per node" --ylabel "creates/s") || FAILED=1
+say "results: $OUT/results.tsv, plot: $OUT/scaling.png, logs and JSON in $OUT"
+if [[ $FAILED -ne 0 ]]; then
+	say "FAILED: see the messages above"
+	exit 1
+fi
