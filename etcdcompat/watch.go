@@ -44,12 +44,14 @@ type watcher struct {
 type watchStream struct {
 	s      *Server
 	stream pb.Watch_WatchServer
-	reqs   chan *pb.WatchRequest
+	reqs   chan control
 
 	watchers map[int64]*watcher
 	nextID   int64
 	// progressTarget is the revision a RequestProgress waits for (0: none).
 	progressTarget int64
+	// lastHeader is the highest header revision sent on the stream.
+	lastHeader int64
 }
 
 func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
@@ -60,7 +62,7 @@ func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	}
 	sws := &watchStream{
 		s: ws.s, stream: stream,
-		reqs:     make(chan *pb.WatchRequest, 64),
+		reqs:     make(chan control, 64),
 		watchers: make(map[int64]*watcher),
 	}
 	recvErr := make(chan error, 1)
@@ -68,6 +70,19 @@ func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	err := sws.sendLoop(recvErr)
 	ws.s.hub.watchers.Sub(float64(len(sws.watchers)))
 	return err
+}
+
+// control is a request from the client for the send loop, with the
+// store's revision when it arrived where the request needs one.
+type control struct {
+	req *pb.WatchRequest
+	// rev is the current revision when the request was received, for
+	// creates (where "now" starts) and progress requests (what their
+	// answer must cover). etcd reads it in its receive loop too: read in
+	// the send loop, after it delivered events the client then acted on,
+	// it would also cover revisions written after the request (a watch
+	// cache would report a revision it was never asked about).
+	rev int64
 }
 
 func (sws *watchStream) recvLoop() error {
@@ -79,8 +94,17 @@ func (sws *watchStream) recvLoop() error {
 			}
 			return err
 		}
+		c := control{req: req}
+		switch uv := req.RequestUnion.(type) {
+		case *pb.WatchRequest_CreateRequest:
+			c.rev = sws.s.currentRevision(sws.stream.Context())
+		case *pb.WatchRequest_ProgressRequest:
+			if uv.ProgressRequest != nil {
+				c.rev = sws.s.currentRevision(sws.stream.Context())
+			}
+		}
 		select {
-		case sws.reqs <- req:
+		case sws.reqs <- c:
 		case <-sws.stream.Context().Done():
 			return nil
 		}
@@ -116,8 +140,8 @@ func (sws *watchStream) sendLoop(recvErr <-chan error) error {
 				return watchCtxErr(err)
 			}
 			recvErr = nil // the client closed its side; keep sending
-		case req := <-sws.reqs:
-			if err := sws.handle(req); err != nil {
+		case c := <-sws.reqs:
+			if err := sws.handle(c); err != nil {
 				return err
 			}
 		case <-changed:
@@ -137,15 +161,16 @@ func watchCtxErr(err error) error {
 }
 
 func (sws *watchStream) send(resp *pb.WatchResponse) error {
+	sws.lastHeader = max(sws.lastHeader, resp.Header.GetRevision())
 	sws.s.hub.frames.Inc()
 	return sws.stream.Send(resp)
 }
 
-func (sws *watchStream) handle(req *pb.WatchRequest) error {
-	switch uv := req.RequestUnion.(type) {
+func (sws *watchStream) handle(c control) error {
+	switch uv := c.req.RequestUnion.(type) {
 	case *pb.WatchRequest_CreateRequest:
 		if uv.CreateRequest != nil {
-			return sws.create(uv.CreateRequest)
+			return sws.create(uv.CreateRequest, c.rev)
 		}
 	case *pb.WatchRequest_CancelRequest:
 		if uv.CancelRequest != nil {
@@ -158,7 +183,7 @@ func (sws *watchStream) handle(req *pb.WatchRequest) error {
 		}
 	case *pb.WatchRequest_ProgressRequest:
 		if uv.ProgressRequest != nil {
-			target := sws.s.currentRevision(sws.stream.Context())
+			target := c.rev
 			for _, w := range sws.watchers {
 				if w.start > target {
 					// etcd ignores the request while a watch waits for a
@@ -174,8 +199,7 @@ func (sws *watchStream) handle(req *pb.WatchRequest) error {
 }
 
 // create mirrors etcd's watch creation, including its errors.
-func (sws *watchStream) create(creq *pb.WatchCreateRequest) error {
-	cur := sws.s.currentRevision(sws.stream.Context())
+func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 	if len(creq.Key) == 0 {
 		creq.Key = []byte{0}
 	}
@@ -374,6 +398,7 @@ func (sws *watchStream) sendEvents(w *watcher, rev int64, events []byte, fragmen
 	}
 	b = append(b, events...)
 	w.sent = true
+	sws.lastHeader = max(sws.lastHeader, rev)
 	sws.s.hub.frames.Inc()
 	return sws.stream.SendMsg(&rpccodec.Raw{B: b})
 }
@@ -405,15 +430,20 @@ func (sws *watchStream) maybeProgress() error {
 		sws.progressTarget = 0
 		return nil
 	}
-	rev := int64(-1)
+	covered := int64(-1) // every watcher was sent everything up to it
 	for _, w := range sws.watchers {
 		if w.next <= sws.progressTarget {
 			return nil
 		}
-		if rev == -1 || w.next-1 < rev {
-			rev = w.next - 1
+		if covered == -1 || w.next-1 < covered {
+			covered = w.next - 1
 		}
 	}
+	// Answer with the revision the request was made at, as etcd does,
+	// unless the stream already showed a later one: then with that (never
+	// beyond what every watcher was sent), so header revisions do not go
+	// backwards.
+	rev := max(sws.progressTarget, min(sws.lastHeader, covered))
 	sws.progressTarget = 0
 	return sws.send(&pb.WatchResponse{Header: sws.header(rev), WatchId: -1})
 }
