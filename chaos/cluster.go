@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/brainkv/brain/internal/freeport"
 )
 
 // Node is one brainnode process of a Cluster.
@@ -409,34 +410,8 @@ func (c *Cluster) Busiest() *Node {
 	return best
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return freeport.Port() }
 
 // freePortPair returns a port p with p and p+1 free (TCP, and UDP for
 // gossip on p+1).
-func freePortPair() (int, error) {
-	for i := 0; i < 100; i++ {
-		p, err := freePort()
-		if err != nil {
-			return 0, err
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		if err != nil {
-			continue
-		}
-		u.Close()
-		return p, nil
-	}
-	return 0, fmt.Errorf("no free port pair")
-}
+func freePortPair() (int, error) { return freeport.Pair() }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/internal/freeport"
 	"github.com/brainkv/brain/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -60,37 +60,26 @@ func Endpoint(s *server.Server) string {
 	return u.Host
 }
 
-// FreePort returns a loopback port nobody listens on now.
+// FreePort returns a loopback port nobody listens on now (see package
+// freeport).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // FreePortPair returns a loopback port p such that p and p+1 are free (a
 // node's peer port and, by convention, its gossip port).
 func FreePortPair(t testing.TB) int {
 	t.Helper()
-	for i := 0; i < 100; i++ {
-		p := FreePort(t)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		if err != nil {
-			continue
-		}
-		u.Close()
-		return p
+	p, err := freeport.Pair()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port pair")
-	return 0
+	return p
 }
 
 // StartEtcd starts an in-process etcd 3.6 (the reference) on free loopback
