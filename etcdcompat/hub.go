@@ -36,7 +36,10 @@ type HubConfig struct {
 	// events and 256 MiB.
 	RingEvents int
 	RingBytes  int
-	Registerer prometheus.Registerer
+	// IdleFeedsAfter is how long the hub keeps its feeds running without
+	// a watcher (see hubidle.go). 0 means 30s; negative, forever.
+	IdleFeedsAfter time.Duration
+	Registerer     prometheus.Registerer
 }
 
 // Hub merges the partitions' feeds into one stream totally ordered by
@@ -54,8 +57,9 @@ type HubConfig struct {
 // Each released revision caches its events encoded per watch shape (range,
 // filters, prev_kv), so N identical watches encode an event once (KEP-1152).
 type Hub struct {
-	cfg HubConfig
-	src EventSource
+	cfg    HubConfig
+	src    EventSource
+	demand *feedDemand
 
 	mu struct {
 		sync.Mutex
@@ -137,7 +141,10 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	if cfg.RingBytes == 0 {
 		cfg.RingBytes = 256 << 20
 	}
-	h := &Hub{cfg: cfg, src: src}
+	if cfg.IdleFeedsAfter == 0 {
+		cfg.IdleFeedsAfter = 30 * time.Second
+	}
+	h := &Hub{cfg: cfg, src: src, demand: newFeedDemand(cfg.IdleFeedsAfter)}
 	h.mu.closed = make(map[uint64]int64)
 	h.mu.seen = make(map[uint64]map[int64]struct{})
 	h.mu.changed = make(chan struct{})
@@ -152,7 +159,7 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.catchups, h.slowCancels, h.encodes, h.frames, h.duplicates)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.slowCancels, h.encodes, h.frames, h.duplicates)
 	}
 	return h
 }
@@ -234,7 +241,7 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 		h.mu.lastPoke = poke
 	}
 	h.mu.Unlock()
-	if poke != 0 {
+	if wanted, _ := h.demand.get(); poke != 0 && wanted {
 		// Idle partitions hold the frontier back; ask them to close.
 		h.src.RequestClose(max(poke, h.src.CurrentRevision()))
 	}
@@ -268,9 +275,10 @@ func (h *Hub) ResumeFrom(pid uint64) int64 {
 	return max(h.mu.closed[pid]+1, h.mu.ringStart)
 }
 
-// Truncate tells the hub that partition pid's events below rev are
-// compacted away and will never arrive: watchers below rev read the
-// (compacted) event logs, and the partition counts as closed below rev.
+// Truncate tells the hub that partition pid's events below rev will never
+// arrive - compacted away, or skipped by a feed resuming after idling:
+// watchers below rev read the event logs, and the partition counts as
+// closed below rev.
 func (h *Hub) Truncate(pid uint64, rev int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -68,7 +68,7 @@ func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- sws.recvLoop() }()
 	err := sws.sendLoop(recvErr)
-	ws.s.hub.watchers.Sub(float64(len(sws.watchers)))
+	ws.s.hub.watchRemoved(len(sws.watchers))
 	return err
 }
 
@@ -177,7 +177,7 @@ func (sws *watchStream) handle(c control) error {
 			id := uv.CancelRequest.WatchId
 			if _, ok := sws.watchers[id]; ok {
 				delete(sws.watchers, id)
-				sws.s.hub.watchers.Dec()
+				sws.s.hub.watchRemoved(1)
 				return sws.send(&pb.WatchResponse{Header: sws.header(sws.s.currentRevision(sws.stream.Context())), WatchId: id, Canceled: true})
 			}
 		}
@@ -253,7 +253,7 @@ func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 		return err
 	}
 	sws.watchers[id] = w
-	sws.s.hub.watchers.Inc()
+	sws.s.hub.watchAdded()
 	return nil
 }
 
@@ -415,7 +415,7 @@ func (sws *watchStream) fellBehind(w *watcher, compact int64) error {
 
 func (sws *watchStream) compacted(w *watcher, compact int64) error {
 	delete(sws.watchers, w.id)
-	sws.s.hub.watchers.Dec()
+	sws.s.hub.watchRemoved(1)
 	return sws.send(&pb.WatchResponse{Header: sws.header(0), WatchId: w.id, CompactRevision: compact, Canceled: true})
 }
 

@@ -25,7 +25,8 @@ import (
 // removed, its node died, the stream broke) it resubscribes - locally if a
 // replica is here now, else on another node - from the closed revision the
 // hub holds, and the hub drops the events it already has. So a watch sees
-// no gap and no duplicate across any of these.
+// no gap and no duplicate across any of these. Feeds run only while the
+// hub wants them (it has watchers; see etcdcompat's hubidle.go).
 
 // FeedSink is what feeders deliver into (the watch hub).
 type FeedSink interface {
@@ -33,11 +34,17 @@ type FeedSink interface {
 	// ResumeFrom returns the revision a partition's feed must resume from:
 	// the sink has every event of it below.
 	ResumeFrom(pid uint64) int64
-	// Truncate says a partition's events below rev are compacted away.
+	// Truncate says a partition's events below rev are compacted away or
+	// were skipped (they are in the event logs, not in the feed).
 	Truncate(pid uint64, rev int64)
+	// Wanted says whether feeds should run now (the sink has watchers),
+	// and returns a channel closed when that changes.
+	Wanted() (bool, <-chan struct{})
 }
 
-// FeedRequest opens a partition's feed from a revision.
+// FeedRequest opens a partition's feed from a revision. From < 0 asks for
+// the feed from the serving replica's closed revision on: the stream then
+// starts with a Compacted message naming where it starts.
 type FeedRequest struct {
 	Group uint64
 	From  int64
@@ -162,7 +169,14 @@ func (s *Store) ServeFeed(stream grpc.ServerStream) error {
 	if p == nil {
 		return status.Error(codes.NotFound, ErrNoReplica.Error())
 	}
-	sub, err := p.Subscribe(req.From)
+	from := req.From
+	if from < 0 {
+		from = p.Closed() + 1
+		if err := stream.SendMsg(&FeedMessage{Compacted: from}); err != nil {
+			return err
+		}
+	}
+	sub, err := p.Subscribe(from)
 	var ce *partition.CompactedError
 	if errors.As(err, &ce) {
 		if err := stream.SendMsg(&FeedMessage{Compacted: ce.Rev}); err != nil {
@@ -328,16 +342,40 @@ func (s *Store) runFeeder(rt *route, sink FeedSink) {
 		cancel()
 	}()
 	var last uint64 // the node whose replica served last (remote)
+	skip := false   // resume at the source's closed revision (after idling)
 	for ctx.Err() == nil {
+		wanted, changed := sink.Wanted()
+		if !wanted {
+			skip = true
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			continue
+		}
+		fctx, fcancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-changed: // no longer wanted
+				fcancel()
+			case <-fctx.Done():
+			}
+		}()
 		from := sink.ResumeFrom(rt.ID)
 		var err error
 		if p := rt.local(); p != nil && p.Initialized() {
-			err = s.feedLocal(ctx, p, from, sink)
+			err = s.feedLocal(fctx, p, from, &skip, sink)
 		} else {
-			last, err = s.feedRemote(ctx, rt.ID, from, last, sink)
+			last, err = s.feedRemote(fctx, rt.ID, from, &skip, last, sink)
 		}
+		stopped := fctx.Err() != nil
+		fcancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if stopped {
+			continue // the sink stopped wanting the feed
 		}
 		if err != nil && !errors.Is(err, partition.ErrSubscriptionEnded) {
 			s.log.Debug("partition feed broke; resubscribing", "partition", rt.ID, "from", from, "err", err)
@@ -350,7 +388,12 @@ func (s *Store) runFeeder(rt *route, sink FeedSink) {
 
 // feedLocal feeds sink from this node's replica until the subscription
 // ends.
-func (s *Store) feedLocal(ctx context.Context, p *partition.Partition, from int64, sink FeedSink) error {
+func (s *Store) feedLocal(ctx context.Context, p *partition.Partition, from int64, skip *bool, sink FeedSink) error {
+	if *skip {
+		from = p.Closed() + 1
+		sink.Truncate(p.ID(), from)
+		*skip = false
+	}
 	sub, err := p.Subscribe(from)
 	var ce *partition.CompactedError
 	if errors.As(err, &ce) {
@@ -385,7 +428,7 @@ func (s *Store) feedLocal(ctx context.Context, p *partition.Partition, from int6
 
 // feedRemote feeds sink from a replica on another node until the stream
 // breaks; it returns the node it used.
-func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, avoid uint64, sink FeedSink) (uint64, error) {
+func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *bool, avoid uint64, sink FeedSink) (uint64, error) {
 	if s.rpc == nil {
 		return 0, ErrNoReplica
 	}
@@ -395,6 +438,9 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, avoid 
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if *skip {
+		from = -1
+	}
 	st, err := s.rpc.openFeed(sctx, node, &FeedRequest{Group: group, From: from})
 	if err != nil {
 		return node, err
@@ -407,6 +453,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, avoid 
 		if m.Compacted != 0 {
 			sink.Truncate(group, m.Compacted)
 		}
+		*skip = false
 		for _, e := range m.Events {
 			sink.Publish(group, e, 0)
 		}

@@ -63,6 +63,12 @@ type Config struct {
 	// WatchProgressNotifyInterval (--watch-progress-notify-interval);
 	// default 10m.
 	WatchProgressNotifyInterval time.Duration
+	// WatchFeedsIdleAfter (--watch-feeds-idle-after): how long a node
+	// without watchers keeps merging every partition's events for watches
+	// that may come; after it the node stops receiving them (and stops
+	// asking partitions to close revisions for it) until a watch is
+	// created. Default 30s; negative: never stop.
+	WatchFeedsIdleAfter time.Duration
 	// Client TLS, with etcd's flags: https client URLs serve TLS with
 	// CertFile/KeyFile (--cert-file, --key-file); with ClientCertAuth
 	// (--client-cert-auth) a client must present a certificate signed by

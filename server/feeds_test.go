@@ -1,0 +1,129 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/internal/testutil"
+	"github.com/brainkv/brain/server"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// feedsWanted reads the brain_watch_feeds_wanted gauge of a node.
+func feedsWanted(t *testing.T, s *server.Server) float64 {
+	t.Helper()
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "brain_watch_feeds_wanted" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no brain_watch_feeds_wanted metric")
+	return 0
+}
+
+// TestWatchAfterFeedsIdle: nodes without watchers stop their partition
+// feeds (local and, on a 4-node cluster where no node has every partition,
+// from other nodes); watches created afterwards - from a past revision
+// before, during and after the idle time, and from now - get exactly the
+// events of their range in revision order, with prev_kv, on every node.
+func TestWatchAfterFeedsIdle(t *testing.T) {
+	c, ctx, c1 := startServing(t, 4, server.Config{WatchFeedsIdleAfter: 300 * time.Millisecond}, 120*time.Second)
+	type write struct {
+		key, val string
+		rev      int64
+	}
+	var writes []write
+	put := func(round int) {
+		for i := 0; i < 10; i++ {
+			for _, k := range memberKeys {
+				key, val := fmt.Sprintf("%s/%d", k, i), fmt.Sprint(round)
+				r, err := c1.Put(ctx, key, val)
+				if err != nil {
+					t.Fatal(err)
+				}
+				writes = append(writes, write{key, val, r.Header.Revision})
+			}
+		}
+	}
+	put(0)
+	first := writes[0].rev
+	for i, n := range c.Nodes {
+		eventually(t, 10*time.Second, fmt.Sprintf("node %d idles its feeds", i+1), func() (bool, string) {
+			v := feedsWanted(t, n)
+			return v == 0, fmt.Sprint("brain_watch_feeds_wanted ", v)
+		})
+	}
+	put(1) // while every node idles
+
+	// A watch on each node: node 1 from now, the others from the first
+	// write (their history spans before and during the idle time).
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	from := make([]int64, len(c.Nodes))
+	chans := make([]clientv3.WatchChan, len(c.Nodes))
+	for i := range c.Nodes {
+		cl := c1
+		if i > 0 {
+			cl = testutil.Client(t, c.Endpoint(i))
+			from[i] = first
+		}
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}
+		if from[i] != 0 {
+			opts = append(opts, clientv3.WithRev(from[i]))
+		}
+		chans[i] = cl.Watch(wctx, "", opts...)
+		if wr := <-chans[i]; !wr.Created {
+			t.Fatalf("node %d: watch not created: %v", i+1, wr.Err())
+		}
+	}
+	nowFrom := len(writes)
+	put(2)
+	for i, n := range c.Nodes {
+		if v := feedsWanted(t, n); v != 1 {
+			t.Errorf("node %d: brain_watch_feeds_wanted %v with a watch open", i+1, v)
+		}
+	}
+
+	for i, ch := range chans {
+		want := writes
+		if i == 0 {
+			want = writes[nowFrom:]
+		}
+		prev := map[string]string{}
+		for _, w := range writes[:len(writes)-len(want)] {
+			prev[w.key] = w.val
+		}
+		got := 0
+		for got < len(want) {
+			var wr clientv3.WatchResponse
+			select {
+			case wr = <-ch:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("node %d: %d of %d events, then nothing for 20s", i+1, got, len(want))
+			}
+			if err := wr.Err(); err != nil {
+				t.Fatalf("node %d: watch: %v", i+1, err)
+			}
+			for _, ev := range wr.Events {
+				if got == len(want) {
+					t.Fatalf("node %d: unexpected event %q at %d", i+1, ev.Kv.Key, ev.Kv.ModRevision)
+				}
+				w := want[got]
+				if string(ev.Kv.Key) != w.key || string(ev.Kv.Value) != w.val || ev.Kv.ModRevision != w.rev {
+					t.Fatalf("node %d: event %d is %q=%q at %d, want %q=%q at %d", i+1, got, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision, w.key, w.val, w.rev)
+				}
+				if p, ok := prev[w.key]; ok != (ev.PrevKv != nil) || ok && string(ev.PrevKv.Value) != p {
+					t.Fatalf("node %d: event %d (%q at %d) prev_kv %v, want %q", i+1, got, w.key, w.rev, ev.PrevKv, p)
+				}
+				prev[w.key] = w.val
+				got++
+			}
+		}
+	}
+}
