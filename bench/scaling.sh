@@ -101,10 +101,9 @@ start_cluster() {
 		eps+=("$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$PREFIX-$kind$i"):2379")
 	done
 	EPS=$(IFS=,; echo "${eps[*]}")
-	local ep
-	for ep in "${eps[@]}"; do
-		if ! "$BIN/brainbench" wait --endpoints "$ep" --timeout 90s; then
-			say "$kind ($n nodes) did not become ready on $ep; its log:"
+	for ((i = 1; i <= n; i++)); do
+		if ! "$BIN/brainbench" wait --endpoints "${eps[i - 1]}" --timeout 90s; then
+			say "$kind ($n nodes) did not become ready on ${eps[i - 1]}; its log:"
 			docker logs --tail 30 "$PREFIX-$kind$i" >&2 || true
 			return 1
 		fi
