@@ -192,9 +192,16 @@ func TestAddAndRemoveReplicas(t *testing.T) {
 	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: 4}}}); err != nil {
 		t.Fatal(err)
 	}
+	// Status shows a conf change as soon as its proposer returns.
+	if st := leader.Status(); !slices.Contains(st.Learners, 4) {
+		t.Fatalf("learners %v right after adding learner 4", st.Learners)
+	}
 	waitCount(t, n4, 200)
 	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddNode, NodeID: 4}}}); err != nil {
 		t.Fatal(err)
+	}
+	if st := leader.Status(); !slices.Contains(st.Voters, 4) || slices.Contains(st.Learners, 4) {
+		t.Fatalf("voters %v, learners %v right after promoting 4", st.Voters, st.Learners)
 	}
 	// Remove a voter that is not the leader.
 	var gone *testNode

@@ -98,11 +98,14 @@ type Group struct {
 
 	// Owned by the worker currently processing the group (the scheduler
 	// guarantees at most one): the RawNode and the bookkeeping beside it.
-	rn          *raft.RawNode
-	lastIndex   uint64
-	firstIndex  uint64
-	prevHard    raftpb.HardState
-	conf        raftpb.ConfState
+	rn         *raft.RawNode
+	lastIndex  uint64
+	firstIndex uint64
+	prevHard   raftpb.HardState
+	conf       raftpb.ConfState
+	// confApplied: a conf change applied in this round; its status is
+	// published before proposers wake (owned by the round's worker).
+	confApplied bool
 	applied     uint64
 	appliedTerm uint64
 	lead        uint64

@@ -443,6 +443,14 @@ func (h *Host) processRound(gs []*Group) {
 	for _, f := range ac.post {
 		f()
 	}
+	// A proposer of a conf change that wakes up must find it in Status
+	// (replica moves check the membership right after one).
+	for i := range items {
+		if g := items[i].g; g.confApplied {
+			g.confApplied = false
+			g.publishStatus()
+		}
+	}
 	for _, d := range deliveries {
 		d.w.finish(d.result, nil)
 	}
@@ -558,6 +566,7 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 				}
 				cs := g.rn.ApplyConfChange(cc)
 				g.conf = *cs
+				g.confApplied = true
 				if err := setProto(ac.Batch, raftKey(g.id, kindConfState), cs); err != nil {
 					h.fatal(err)
 					return nil, nil, false
