@@ -2,12 +2,14 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -77,9 +79,19 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 		if from[i] != 0 {
 			opts = append(opts, clientv3.WithRev(from[i]))
 		}
-		chans[i] = cl.Watch(wctx, "", opts...)
-		if wr := <-chans[i]; !wr.Created {
-			t.Fatalf("node %d: watch not created: %v", i+1, wr.Err())
+		// Right after start a node may answer "no leader" while its meta
+		// replica has not heard its leader yet; clients (kube-apiserver)
+		// open the watch again.
+		for attempt := 0; ; attempt++ {
+			chans[i] = cl.Watch(wctx, "", opts...)
+			wr := <-chans[i]
+			if wr.Created {
+				break
+			}
+			if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
+				t.Fatalf("node %d: watch not created: %v", i+1, wr.Err())
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	nowFrom := len(writes)
