@@ -277,8 +277,10 @@ func TestClusterReplacesDeadNode(t *testing.T) {
 			p, err := cl.Put(wctx, k, v)
 			wcancel()
 			// A leadership change (replicas and leaders move) leaves a
-			// write's outcome unknown, as in etcd; write again.
-			if err != nil && errors.Is(err, rpctypes.ErrLeaderChanged) {
+			// write's outcome unknown, as in etcd; write again. "No
+			// leader" means it was not executed (seen once right after
+			// start, while leaders were being balanced): write again.
+			if err != nil && (errors.Is(err, rpctypes.ErrLeaderChanged) || errors.Is(err, rpctypes.ErrNoLeader)) {
 				ambiguous++
 				continue
 			}
