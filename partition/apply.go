@@ -27,6 +27,11 @@ const (
 	rejectClosed
 	// rejectMalformed: the command does not decode.
 	rejectMalformed
+	// rejectOutsideRange: a write's key is outside the partition's span
+	// (it split after the write was evaluated).
+	rejectOutsideRange
+	// rejectBadSplit: a split key outside the span, or a reused child.
+	rejectBadSplit
 )
 
 // smState is the replicated state beside the MVCC data, persisted under
@@ -113,6 +118,14 @@ func (p *Partition) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, data []by
 			p.metrics.rejected.WithLabelValues("closed").Inc()
 			return applyResult{reject: rejectClosed}
 		}
+		sp := p.sp.Load()
+		for i := range c.muts {
+			if !sp.contains(c.muts[i].key) {
+				p.log.Info("write outside the span rejected", "rev", c.rev, "key", fmt.Sprintf("%q", c.muts[i].key), "index", e.Index)
+				p.metrics.rejected.WithLabelValues("outside_range").Inc()
+				return applyResult{reject: rejectOutsideRange}
+			}
+		}
 		evs := p.applyWrite(ac, c)
 		p.sm.closed = max(p.sm.closed, c.closed)
 		p.saveState(b)
@@ -125,6 +138,8 @@ func (p *Partition) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, data []by
 		}
 		closed := p.sm.closed
 		ac.AfterCommit(func() { p.published(RevEvents{}, closed) })
+	case cmdSplit:
+		return p.applySplit(ac, e, c)
 	case cmdCompact:
 		if c.rev > p.sm.compact {
 			p.sm.compact = c.rev
@@ -219,6 +234,11 @@ func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb
 		p.round[string(m.key)] = written[i]
 	}
 	mustSet(b, eventKey(p.id, c.rev), rec)
+	if p.roundEvents == nil {
+		p.roundEvents = make(map[int64][]byte)
+		ac.AfterCommit(func() { p.roundEvents = nil })
+	}
+	p.roundEvents[c.rev] = rec
 	ac.AfterCommit(func() {
 		for i := range c.muts {
 			k := string(c.muts[i].key)

@@ -16,6 +16,7 @@ const (
 	cmdClose   byte = 2 // advance the closed revision
 	cmdCompact byte = 3 // record the compaction revision
 	cmdPurge   byte = 4 // drop index keys of keys deleted at or below the compaction revision
+	cmdSplit   byte = 5 // split the partition (split.go); keys[0] is the split key
 )
 
 // Mutation kinds.
@@ -41,13 +42,14 @@ type command struct {
 	rev    int64 // cmdWrite: the write's revision; cmdCompact/cmdPurge: compaction revision
 	closed int64 // cmdWrite/cmdClose: closed revision promised after this entry
 	muts   []mutation
-	keys   [][]byte // cmdPurge
+	keys   [][]byte // cmdPurge; cmdSplit: the split key
+	child  uint64   // cmdSplit: the new partition's group
 }
 
 var errBadCommand = errors.New("partition: malformed command")
 
 func (c *command) encode() []byte {
-	n := 1 + 8 + 8 + 8 + 10
+	n := 1 + 8 + 8 + 8 + 10 + 10
 	for i := range c.muts {
 		n += 1 + 10 + len(c.muts[i].key) + 10 + 10 + len(c.muts[i].value)
 	}
@@ -79,6 +81,10 @@ func (c *command) encode() []byte {
 			b = binary.AppendUvarint(b, uint64(len(k)))
 			b = append(b, k...)
 		}
+	case cmdSplit:
+		b = binary.AppendUvarint(b, c.child)
+		b = binary.AppendUvarint(b, uint64(len(c.keys[0])))
+		b = append(b, c.keys[0]...)
 	}
 	return b
 }
@@ -177,6 +183,9 @@ func decodeCommand(b []byte) (*command, error) {
 		for i := uint64(0); i < n && d.err == nil; i++ {
 			c.keys = append(c.keys, d.bytes())
 		}
+	case cmdSplit:
+		c.child = d.uvarint()
+		c.keys = [][]byte{d.bytes()}
 	case cmdClose, cmdCompact:
 	default:
 		return nil, errBadCommand

@@ -151,7 +151,7 @@ func (p *Partition) Compact(ctx context.Context, rev int64) error {
 const gcBatchOps = 4096
 
 func (p *Partition) collect(rev int64) error {
-	start, end := rangeBounds(p.start, p.end)
+	start, end := rangeBounds(p.Span())
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
 	if err != nil {
 		return err

@@ -64,6 +64,20 @@ func (x *keyIndex) del(key string) {
 	x.mu.Unlock()
 }
 
+// dropFrom removes the keys >= key (they left with a split).
+func (x *keyIndex) dropFrom(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var gone []indexItem
+	x.t.AscendGreaterOrEqual(indexItem{key: key}, func(it indexItem) bool {
+		gone = append(gone, it)
+		return true
+	})
+	for _, it := range gone {
+		x.t.Delete(it)
+	}
+}
+
 // ascend calls fn for the keys in [start, end) (end empty: unbounded) in
 // order, under the read lock, until fn returns false.
 func (x *keyIndex) ascend(start, end []byte, fn func(key string, m meta) bool) {

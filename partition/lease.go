@@ -11,9 +11,10 @@ import (
 // LeaseKeys returns the keys of this partition attached to lease id.
 func (p *Partition) LeaseKeys(id int64) ([][]byte, error) {
 	prefix := engine.PutUint64([]byte{engine.LeasePrefix}, uint64(id))
+	start, end := p.Span()
 	it, err := p.db.NewIter(&pebble.IterOptions{
-		LowerBound: engine.AppendKey(append([]byte(nil), prefix...), p.start),
-		UpperBound: p.leaseUpper(prefix),
+		LowerBound: engine.AppendKey(append([]byte(nil), prefix...), start),
+		UpperBound: leaseUpper(prefix, end),
 	})
 	if err != nil {
 		return nil, err
@@ -30,11 +31,11 @@ func (p *Partition) LeaseKeys(id int64) ([][]byte, error) {
 	return keys, it.Error()
 }
 
-func (p *Partition) leaseUpper(prefix []byte) []byte {
-	if len(p.end) == 0 {
+func leaseUpper(prefix, end []byte) []byte {
+	if len(end) == 0 {
 		return engine.PrefixEnd(prefix)
 	}
-	return engine.AppendKey(append([]byte(nil), prefix...), p.end)
+	return engine.AppendKey(append([]byte(nil), prefix...), end)
 }
 
 // DeleteByLease deletes every key of this partition attached to lease id,

@@ -132,6 +132,10 @@ type Config struct {
 	// ForwardClose, if set, asks the partition's leader elsewhere to close
 	// rev; a follower calls it when a reader waits for a revision.
 	ForwardClose func(rev int64)
+	// OnSplit, if set, runs after a split committed here (on the raft
+	// worker: it must not block); the child's state and raft bootstrap
+	// state are in the DB then.
+	OnSplit func(SplitRecord)
 }
 
 // Partition is one replica of a key range. Files:
@@ -147,8 +151,10 @@ type Config struct {
 // Locking: prop.mu protects the leader's proposal state; it is taken
 // before raftgroup's internal locks and never while waiting.
 type Partition struct {
-	id           uint64
-	start, end   []byte
+	id uint64
+	// sp is the partition's span: set at start or by a snapshot, and
+	// shrunk by a split (split.go); read it once per operation.
+	sp           atomic.Pointer[span]
 	db           *pebble.DB
 	revs         Revisions
 	leases       Leases
@@ -166,6 +172,13 @@ type Partition struct {
 	// apply round (owned by the apply goroutine).
 	index *keyIndex
 	round map[string]meta
+	// roundEvents holds the event records written by the current apply
+	// round (not yet committed), for a split in the same round; owned by
+	// the apply goroutine.
+	roundEvents map[int64][]byte
+	// splits are the partition's split records (split.go).
+	splits  atomic.Pointer[[]SplitRecord]
+	onSplit func(SplitRecord)
 
 	// closed is the applied closed revision.
 	closed atomic.Int64
@@ -231,14 +244,15 @@ func New(cfg Config) (*Partition, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	p := &Partition{
-		id: cfg.ID, start: cfg.Start, end: cfg.End, db: cfg.DB,
-		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose,
+		id: cfg.ID, db: cfg.DB,
+		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose, onSplit: cfg.OnSplit,
 		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
 		latches: newLatchManager(),
 	}
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
 	p.prop.unapplied = make(map[int64]int)
+	p.sp.Store(&span{start: cfg.Start, end: cfg.End})
 	if err := p.loadSpan(cfg.Start != nil || cfg.End != nil); err != nil {
 		return nil, err
 	}
@@ -247,7 +261,11 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p.index = newKeyIndex()
 	p.round = make(map[string]meta)
-	if _, err := p.index.load(p.db, p.start, p.end); err != nil {
+	if err := p.loadSplits(); err != nil {
+		return nil, err
+	}
+	start, end := p.Span()
+	if _, err := p.index.load(p.db, start, end); err != nil {
 		return nil, err
 	}
 	p.closed.Store(p.sm.closed)
@@ -285,12 +303,20 @@ func (p *Partition) Close() {
 func (p *Partition) ID() uint64 { return p.id }
 
 // Span returns the partition's key range [start, end).
-func (p *Partition) Span() (start, end []byte) { return p.start, p.end }
+func (p *Partition) Span() (start, end []byte) {
+	s := p.sp.Load()
+	return s.start, s.end
+}
+
+// span is a key range [start, end); end empty: unbounded.
+type span struct{ start, end []byte }
+
+func (s *span) contains(key []byte) bool {
+	return bytes.Compare(key, s.start) >= 0 && (len(s.end) == 0 || bytes.Compare(key, s.end) < 0)
+}
 
 // Contains reports whether key belongs to this partition.
-func (p *Partition) Contains(key []byte) bool {
-	return bytes.Compare(key, p.start) >= 0 && (len(p.end) == 0 || bytes.Compare(key, p.end) < 0)
-}
+func (p *Partition) Contains(key []byte) bool { return p.sp.Load().contains(key) }
 
 // Initialized reports whether the replica has its state (a replica added
 // to its group waits for a snapshot).
@@ -654,10 +680,8 @@ func (p *Partition) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse
 		return nil, err
 	}
 	spans := txnSpans(rt, nil)
-	for _, s := range spans {
-		if err := p.checkSpan(s); err != nil {
-			return nil, err
-		}
+	if err := p.checkSpans(spans); err != nil {
+		return nil, err
 	}
 	g, err := p.latches.acquire(ctx, spans)
 	if err != nil {
@@ -665,6 +689,10 @@ func (p *Partition) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse
 	}
 	defer p.latches.release(g)
 	for attempt := 0; ; attempt++ {
+		// A split may have applied while this waited for its latches.
+		if err := p.checkSpans(spans); err != nil {
+			return nil, err
+		}
 		resp, err := p.txnLatched(ctx, rt)
 		if err == errRetry {
 			if attempt < 3 {
@@ -784,9 +812,21 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 		return nil, errRetry
 	case rejectStaleTerm:
 		return nil, ErrLeaderChanged
+	case rejectOutsideRange:
+		return nil, ErrOutsideRange
 	default:
 		return nil, fmt.Errorf("partition %d: write rejected (%d)", p.id, res.reject)
 	}
+}
+
+// checkSpans checks every span with checkSpan.
+func (p *Partition) checkSpans(spans []latchSpan) error {
+	for _, s := range spans {
+		if err := p.checkSpan(s); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkSpan reports whether a latch span over user keys lies inside the
@@ -795,13 +835,14 @@ func (p *Partition) checkSpan(s latchSpan) error {
 	if s.start[0] != 'k' {
 		return nil
 	}
-	if !p.Contains(s.start[1:]) {
+	sp := p.sp.Load()
+	if !sp.contains(s.start[1:]) {
 		return ErrOutsideRange
 	}
-	if len(p.end) == 0 {
+	if len(sp.end) == 0 {
 		return nil
 	}
-	if s.end[0] != 'k' || bytes.Compare(s.end[1:], p.end) > 0 {
+	if s.end[0] != 'k' || bytes.Compare(s.end[1:], sp.end) > 0 {
 		return ErrOutsideRange
 	}
 	return nil
@@ -890,4 +931,4 @@ func (p *Partition) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (
 
 // MVCCBounds returns the storage key range holding the partition's MVCC
 // data (index and versions of its keys), for size estimates.
-func (p *Partition) MVCCBounds() (lo, hi []byte) { return rangeBounds(p.start, p.end) }
+func (p *Partition) MVCCBounds() (lo, hi []byte) { return rangeBounds(p.Span()) }

@@ -13,11 +13,12 @@ import (
 // unbounded. ok is false if the intersection is empty.
 func (p *Partition) clamp(key, end []byte) (k, e []byte, ok bool) {
 	k, e = key, end
-	if bytes.Compare(k, p.start) < 0 {
-		k = p.start
+	start, pend := p.Span()
+	if bytes.Compare(k, start) < 0 {
+		k = start
 	}
-	if len(p.end) != 0 && (len(e) == 0 || bytes.Compare(e, p.end) > 0) {
-		e = p.end
+	if len(pend) != 0 && (len(e) == 0 || bytes.Compare(e, pend) > 0) {
+		e = pend
 	}
 	if len(e) != 0 && bytes.Compare(k, e) >= 0 {
 		return nil, nil, false
@@ -39,7 +40,11 @@ func (p *Partition) Scan(ctx context.Context, key, end []byte, rev int64, o Scan
 	if err := p.WaitClosed(ctx, rev); err != nil {
 		return nil, 0, err
 	}
-	return p.scanClosed(key, end, rev, o)
+	kvs, n, err := p.scanClosed(key, end, rev, o)
+	if err == nil && !p.Covers(key, end) {
+		return nil, 0, ErrOutsideRange // split: the caller routes again
+	}
+	return kvs, n, err
 }
 
 func (p *Partition) scanClosed(key, end []byte, rev int64, o ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
@@ -60,7 +65,11 @@ func (p *Partition) ReadTxn(ctx context.Context, rt *pb.TxnRequest, rev int64) (
 		return nil, err
 	}
 	v := &view{r: p.db, index: p.index, readRev: rev, beginRev: rev, compactRev: p.compact.Load(), leaseOK: p.leases.LeaseUsable}
-	return v.evalTxn(rt)
+	resp, err := v.evalTxn(rt)
+	if err == nil {
+		err = p.checkSpans(txnSpans(rt, nil))
+	}
+	return resp, err
 }
 
 // Events returns this partition's events with revisions in [from, to]
@@ -69,7 +78,11 @@ func (p *Partition) ReadTxn(ctx context.Context, rt *pb.TxnRequest, rev int64) (
 // with matching events are returned; more reports whether the scan stopped
 // early, in which case next is the first revision not returned.
 func (p *Partition) Events(from, to int64, key, end []byte, maxRevs int) (out []RevEvents, next int64, more bool, err error) {
-	return p.eventsFrom(p.db, from, to, key, end, maxRevs)
+	out, next, more, err = p.eventsFrom(p.db, from, to, key, end, maxRevs)
+	if err == nil && !p.Covers(key, end) {
+		return nil, 0, false, ErrOutsideRange // split: the caller routes again
+	}
+	return out, next, more, err
 }
 
 // eventsFrom is Events reading r.
@@ -156,7 +169,13 @@ func (p *Partition) Get(ctx context.Context, key []byte, rev int64) (*mvccpb.Key
 func (p *Partition) PrevValue(key []byte, rev int64) ([]byte, error) {
 	kv := &mvccpb.KeyValue{}
 	if err := readValue(p.db, key, rev, kv); err != nil {
+		if !p.Contains(key) {
+			return nil, ErrOutsideRange
+		}
 		return nil, err
+	}
+	if !p.Contains(key) {
+		return nil, ErrOutsideRange
 	}
 	return kv.Value, nil
 }

@@ -36,7 +36,8 @@ func (p *Partition) loadSpan(configured bool) error {
 	if err == pebble.ErrNotFound {
 		if configured {
 			p.initialized.Store(true)
-			return p.db.Set(p.spanKey(), encodeSpan(p.start, p.end), pebble.Sync)
+			start, end := p.Span()
+			return p.db.Set(p.spanKey(), encodeSpan(start, end), pebble.Sync)
 		}
 		return nil
 	}
@@ -48,10 +49,13 @@ func (p *Partition) loadSpan(configured bool) error {
 	if err != nil {
 		return err
 	}
-	if configured && (!bytes.Equal(start, p.start) || !bytes.Equal(end, p.end)) {
-		return fmt.Errorf("partition %d: persisted span [%q, %q) differs from the configured [%q, %q)", p.id, start, end, p.start, p.end)
+	if cs, ce := p.Span(); configured && (!bytes.Equal(start, cs) || !bytes.Equal(end, ce)) {
+		// A split shrinks the span; the configured one is where it began.
+		if !bytes.Equal(start, cs) || len(ce) != 0 && (len(end) == 0 || bytes.Compare(end, ce) > 0) {
+			return fmt.Errorf("partition %d: persisted span [%q, %q) is not within the configured [%q, %q)", p.id, start, end, cs, ce)
+		}
 	}
-	p.start, p.end = start, end
+	p.sp.Store(&span{start: start, end: end})
 	p.initialized.Store(true)
 	return nil
 }
@@ -63,7 +67,7 @@ func (p *Partition) eventBounds() (lo, hi []byte) {
 
 // WriteSnapshot implements raftgroup.Snapshotter.
 func (p *Partition) WriteSnapshot(r pebble.Reader, emit func(k, v []byte) error) error {
-	for _, k := range [][]byte{p.spanKey(), p.stateKey()} {
+	for _, k := range [][]byte{p.spanKey(), p.stateKey(), p.splitsKey()} {
 		v, closer, err := r.Get(k)
 		if err == pebble.ErrNotFound {
 			continue
@@ -77,7 +81,7 @@ func (p *Partition) WriteSnapshot(r pebble.Reader, emit func(k, v []byte) error)
 			return err
 		}
 	}
-	mlo, mhi := rangeBounds(p.start, p.end)
+	mlo, mhi := rangeBounds(p.Span())
 	elo, ehi := p.eventBounds()
 	for _, b := range [][2][]byte{{mlo, mhi}, {elo, ehi}} {
 		if err := emitRange(r, b[0], b[1], nil, emit); err != nil {
@@ -124,10 +128,13 @@ func (p *Partition) ClearState(b *pebble.Batch) error {
 	if err := b.DeleteRange(elo, ehi, nil); err != nil {
 		return err
 	}
-	if p.start == nil && p.end == nil {
+	if err := b.Delete(p.splitsKey(), nil); err != nil {
+		return err
+	}
+	if start, end := p.Span(); start == nil && end == nil {
 		return nil // no span yet: nothing of ours in the shared keyspaces
 	}
-	mlo, mhi := rangeBounds(p.start, p.end)
+	mlo, mhi := rangeBounds(p.Span())
 	if err := b.DeleteRange(mlo, mhi, nil); err != nil {
 		return err
 	}
@@ -145,7 +152,11 @@ func (p *Partition) SnapshotApplied() error {
 	if err := p.loadState(); err != nil {
 		return err
 	}
-	if err := p.index.reload(p.db, p.start, p.end); err != nil {
+	if err := p.loadSplits(); err != nil {
+		return err
+	}
+	start, end := p.Span()
+	if err := p.index.reload(p.db, start, end); err != nil {
 		return err
 	}
 	p.round = make(map[string]meta)
@@ -156,6 +167,6 @@ func (p *Partition) SnapshotApplied() error {
 	// Subscribers never saw the events the snapshot brought; they resubscribe
 	// from what they have and read them from the new event log.
 	p.endSubscriptions(false)
-	p.log.Info("installed snapshot", "start", fmt.Sprintf("%q", p.start), "end", fmt.Sprintf("%q", p.end), "closed", p.sm.closed)
+	p.log.Info("installed snapshot", "start", fmt.Sprintf("%q", start), "end", fmt.Sprintf("%q", end), "closed", p.sm.closed)
 	return nil
 }

@@ -56,6 +56,7 @@ type Subscription struct {
 	from   int64            // the first revision delivered
 	next   int64            // catch-up cursor
 	closed int64            // the closed revision the catch-up ends at
+	splits []SplitRecord    // the partition's splits when it started
 
 	mu    sync.Mutex
 	live  Feed            // nil while catching up; protected by mu
@@ -83,6 +84,9 @@ func (p *Partition) Subscribe(from int64) (*Subscription, error) {
 	p.subs.list = list
 	p.subs.ptr.Store(&list)
 	p.subs.Unlock()
+	// A split after the registration ends the subscription, so these
+	// are all the splits below what it delivers.
+	s.splits = p.Splits()
 	s.closed = p.closed.Load()
 	s.snap = p.db.NewSnapshot()
 	// The event log keeps every event at or above the compaction revision
@@ -93,6 +97,12 @@ func (p *Partition) Subscribe(from int64) (*Subscription, error) {
 	}
 	return s, nil
 }
+
+// Splits returns the partition's splits as of the subscription's start:
+// the subscriber must register each child (from its Closed revision on)
+// before delivering anything of the subscription, whose closed revisions
+// may be above the splits. A later split ends the subscription.
+func (s *Subscription) Splits() []SplitRecord { return s.splits }
 
 // Closed is the closed revision the catch-up ends at: once CatchUp is done,
 // every event at or below it has been returned.

@@ -212,6 +212,10 @@ func (g *Group) ID() uint64 { return g.id }
 // AppliedIndex returns the index applied as of the last round.
 func (g *Group) AppliedIndex() uint64 { return g.Status().Applied }
 
+// AppliedConf returns the configuration as of the entry being applied.
+// Call it only from the group's StateMachine.Apply.
+func (g *Group) AppliedConf() raftpb.ConfState { return g.conf }
+
 // SoleVoter reports whether this replica is the group's only voter (so
 // its leadership cannot be lost to another replica).
 func (g *Group) SoleVoter() bool { return g.voters.Load() == 1 }

@@ -131,6 +131,14 @@ func loadState(db *pebble.DB, group uint64) (*persistedState, error) {
 }
 
 // writeBootstrap writes the initial persisted state of a new group.
+// WriteBootstrap writes into b the initial state of a new replica of group
+// with configuration cs, as CreateGroup does: replicas bootstrapped with
+// the same configuration agree on their log (a split creates its child
+// group this way on every replica of the parent, in the parent's apply).
+func WriteBootstrap(b *pebble.Batch, group uint64, cs raftpb.ConfState) error {
+	return writeBootstrap(b, group, cs)
+}
+
 func writeBootstrap(b *pebble.Batch, group uint64, cs raftpb.ConfState) error {
 	hs := raftpb.HardState{Term: InitialTerm, Commit: InitialIndex}
 	if err := setProto(b, raftKey(group, kindHardState), &hs); err != nil {
