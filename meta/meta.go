@@ -59,6 +59,8 @@ type Meta struct {
 	group atomic.Pointer[raftgroup.Group] // nil until this node has a replica
 	log   *slog.Logger
 
+	onSplits func()
+
 	// leaderIndex returns the meta group's commit index, confirmed by its
 	// leader (set with SetLeaderIndex; nil: this replica's own ReadIndex).
 	leaderIndex func(ctx context.Context) (uint64, error)
@@ -69,8 +71,14 @@ type Meta struct {
 		compact int64            // -1 until the first compaction; protected by mu
 		alarms  map[alarmKey]bool
 		members map[uint64]Member // members added after the cluster started
-		leader  bool
-		term    uint64
+		// splits are the partition map's split records (splits.go);
+		// children indexes them by child, nextPart is the next partition
+		// ID to allocate.
+		splits   []Split
+		children map[uint64]bool
+		nextPart uint64
+		leader   bool
+		term     uint64
 	}
 }
 
@@ -197,6 +205,9 @@ func (m *Meta) loadLocked() error {
 	if err := it.Close(); err != nil {
 		return err
 	}
+	if err := m.loadSplitsLocked(); err != nil {
+		return err
+	}
 	return m.loadMembersLocked()
 }
 
@@ -208,9 +219,16 @@ const (
 	cmdCompact     byte = 4
 	cmdAlarm       byte = 5
 	cmdMember      byte = 6 // payload: a JSON Member (members.go)
+	// payload: a JSON []Split (splits.go)
+	cmdSplits byte = 7
+	// no payload; the result is the ID (splits.go)
+	cmdAllocPartition byte = 8
 )
 
-type result struct{ err error }
+type result struct {
+	err error
+	id  uint64 // cmdAllocPartition
+}
 
 func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
 	m.mu.RLock()
@@ -235,6 +253,9 @@ func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
 func (m *Meta) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) any {
 	if len(cmd) >= 9 && cmd[0] == cmdMember {
 		return m.applyMember(ac, e, cmd)
+	}
+	if len(cmd) >= 9 && (cmd[0] == cmdSplits || cmd[0] == cmdAllocPartition) {
+		return m.applyPayload(ac, e, cmd)
 	}
 	if len(cmd) < 9 || (len(cmd)-9)%8 != 0 {
 		m.log.Error("malformed meta command; rejected", "index", e.Index)
@@ -551,6 +572,10 @@ func (m *Meta) SnapshotApplied() error {
 	m.mu.compact = -1
 	m.mu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.loadLocked()
+	err := m.loadLocked()
+	m.mu.Unlock()
+	if err == nil && m.onSplits != nil {
+		m.onSplits()
+	}
+	return err
 }
