@@ -167,12 +167,34 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 // AddPartition registers a partition and a closed revision it has
 // certainly reached (0 when unknown, for a partition fed from another
 // node). Call for every partition before any publishes.
+//
+// A partition split off another is added (by its parent's feeder) before
+// the parent's closed revision passes the split, so at or above the
+// frontier. One added below the frontier - at startup, or after feeds
+// idled, when no watcher was served past it - counts as closed at the
+// frontier, and the events below are read from the event logs. Adding a
+// known partition only raises its closed revision.
 func (h *Hub) AddPartition(id uint64, closed int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if c, ok := h.mu.closed[id]; ok {
+		if closed > c {
+			h.mu.closed[id] = closed
+			h.advanceLocked()
+		}
+		return
+	}
+	if len(h.mu.closed) == 0 {
+		h.mu.closed[id] = closed
+		h.mu.frontier = closed
+		h.mu.ringStart = max(h.mu.ringStart, closed+1)
+		return
+	}
+	if closed < h.mu.frontier {
+		closed = h.mu.frontier
+		h.mu.ringStart = max(h.mu.ringStart, h.mu.frontier+1)
+	}
 	h.mu.closed[id] = closed
-	h.mu.frontier = h.minClosedLocked()
-	h.mu.ringStart = max(h.mu.ringStart, h.mu.frontier+1)
 }
 
 // SetHistoryStart tells the hub that every event with a revision >= rev
