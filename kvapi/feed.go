@@ -40,6 +40,12 @@ type FeedSink interface {
 	// Wanted says whether feeds should run now (the sink has watchers),
 	// and returns a channel closed when that changes.
 	Wanted() (bool, <-chan struct{})
+	// AddPartition registers a partition created by a split, with the
+	// closed revision it started at; the sink must hold its parent's
+	// feed at or below that revision until it is called (feeders call it
+	// before delivering anything of a subscription that carries the
+	// split).
+	AddPartition(pid uint64, closed int64)
 }
 
 // FeedRequest opens a partition's feed from a revision. From < 0 asks for
@@ -67,11 +73,13 @@ func (r *FeedRequest) Unmarshal(b []byte) error {
 
 // FeedMessage is one message of a feed stream: events, then the closed
 // revision after them (0: unchanged). Compacted, if set, says the events
-// below it are gone and the stream starts there.
+// below it are gone and the stream starts there. The first message
+// carries the partition's splits (partition.Subscription.Splits).
 type FeedMessage struct {
 	Events    []partition.RevEvents
 	Closed    int64
 	Compacted int64
+	Splits    []partition.SplitRecord
 }
 
 // BrainMessage marks an internal message.
@@ -81,6 +89,10 @@ func (*FeedMessage) BrainMessage() {}
 func (m *FeedMessage) Marshal() ([]byte, error) {
 	b := binary.AppendVarint(nil, m.Closed)
 	b = binary.AppendVarint(b, m.Compacted)
+	b = binary.AppendUvarint(b, uint64(len(m.Splits)))
+	for _, r := range m.Splits {
+		b = partition.AppendSplitRecord(b, r)
+	}
 	return appendRevEvents(b, m.Events)
 }
 
@@ -88,11 +100,23 @@ func (m *FeedMessage) Marshal() ([]byte, error) {
 func (m *FeedMessage) Unmarshal(b []byte) error {
 	d := reader{b: b}
 	m.Closed, m.Compacted = d.varint(), d.varint()
+	n := d.uvarint()
 	if d.err != nil {
 		return d.err
 	}
+	if n > uint64(len(d.b)) {
+		return errCorruptCall
+	}
+	rest := d.b
+	for i := uint64(0); i < n; i++ {
+		r, next, err := partition.ReadSplitRecord(rest)
+		if err != nil {
+			return errCorruptCall
+		}
+		m.Splits, rest = append(m.Splits, r), next
+	}
 	var err error
-	m.Events, _, err = readRevEvents(d.b)
+	m.Events, _, err = readRevEvents(rest)
 	return err
 }
 
@@ -161,33 +185,29 @@ func (s *Store) ServeFeed(stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(&req); err != nil {
 		return err
 	}
-	rt := s.byID[req.Group]
-	var p *partition.Partition
-	if rt != nil {
-		p = rt.local()
-	}
+	p := s.Local(req.Group)
 	if p == nil {
 		return status.Error(codes.NotFound, ErrNoReplica.Error())
 	}
-	from := req.From
+	from, first := req.From, &FeedMessage{}
 	if from < 0 {
 		from = p.Closed() + 1
-		if err := stream.SendMsg(&FeedMessage{Compacted: from}); err != nil {
-			return err
-		}
+		first.Compacted = from
 	}
 	sub, err := p.Subscribe(from)
 	var ce *partition.CompactedError
 	if errors.As(err, &ce) {
-		if err := stream.SendMsg(&FeedMessage{Compacted: ce.Rev}); err != nil {
-			return err
-		}
+		first.Compacted = ce.Rev
 		sub, err = p.Subscribe(ce.Rev)
 	}
 	if err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	defer sub.Cancel()
+	first.Splits = sub.Splits()
+	if err := stream.SendMsg(first); err != nil {
+		return err
+	}
 	for {
 		evs, done, err := sub.CatchUp(feedCatchUpRevs)
 		if err != nil {
@@ -319,22 +339,49 @@ func (c *Client) openFeed(ctx context.Context, node uint64, req *FeedRequest) (g
 	return st, nil
 }
 
-// StartFeeds runs a feeder per partition delivering into sink until Stop.
-// The sink must know every partition's starting point (ResumeFrom) already.
+// StartFeeds runs a feeder per partition delivering into sink until Stop;
+// feeders of partitions created by splits start when a feeder learns of
+// the split. The sink must know every partition's starting point
+// (ResumeFrom) already.
 func (s *Store) StartFeeds(sink FeedSink) {
-	for _, rt := range s.routes {
-		s.wg.Add(1)
-		go func(rt *route) {
-			defer s.wg.Done()
-			s.runFeeder(rt, sink)
-		}(rt)
+	s.feeders.Lock()
+	s.feeders.sink = sink
+	s.feeders.Unlock()
+	for _, rt := range s.table().routes {
+		s.ensureFeeder(rt.ID)
+	}
+}
+
+// ensureFeeder starts partition id's feeder if it does not run.
+func (s *Store) ensureFeeder(id uint64) {
+	s.feeders.Lock()
+	defer s.feeders.Unlock()
+	if s.feeders.m[id] || s.feeders.sink == nil {
+		return
+	}
+	s.feeders.m[id] = true
+	sink := s.feeders.sink
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.runFeeder(id, sink)
+	}()
+}
+
+// learnSplits registers the partitions split off a partition with the
+// sink and starts their feeders, before anything of the subscription
+// that carried the records is delivered.
+func (s *Store) learnSplits(recs []partition.SplitRecord, sink FeedSink) {
+	for _, r := range recs {
+		sink.AddPartition(r.Child, r.Closed)
+		s.ensureFeeder(r.Child)
 	}
 }
 
 // feedRetry is the pause before resubscribing after a failure.
 const feedRetry = 50 * time.Millisecond
 
-func (s *Store) runFeeder(rt *route, sink FeedSink) {
+func (s *Store) runFeeder(id uint64, sink FeedSink) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -362,12 +409,12 @@ func (s *Store) runFeeder(rt *route, sink FeedSink) {
 			case <-fctx.Done():
 			}
 		}()
-		from := sink.ResumeFrom(rt.ID)
+		from := sink.ResumeFrom(id)
 		var err error
-		if p := rt.local(); p != nil && p.Initialized() {
+		if p := s.Local(id); p != nil && p.Initialized() {
 			err = s.feedLocal(fctx, p, from, &skip, sink)
 		} else {
-			last, err = s.feedRemote(fctx, rt.ID, from, &skip, last, sink)
+			last, err = s.feedRemote(fctx, id, from, &skip, last, sink)
 		}
 		stopped := fctx.Err() != nil
 		fcancel()
@@ -378,7 +425,7 @@ func (s *Store) runFeeder(rt *route, sink FeedSink) {
 			continue // the sink stopped wanting the feed
 		}
 		if err != nil && !errors.Is(err, partition.ErrSubscriptionEnded) {
-			s.log.Debug("partition feed broke; resubscribing", "partition", rt.ID, "from", from, "err", err)
+			s.log.Debug("partition feed broke; resubscribing", "partition", id, "from", from, "err", err)
 		}
 		if err != nil {
 			_ = sleep(ctx, feedRetry)
@@ -389,21 +436,27 @@ func (s *Store) runFeeder(rt *route, sink FeedSink) {
 // feedLocal feeds sink from this node's replica until the subscription
 // ends.
 func (s *Store) feedLocal(ctx context.Context, p *partition.Partition, from int64, skip *bool, sink FeedSink) error {
-	if *skip {
+	skipped := *skip
+	if skipped {
 		from = p.Closed() + 1
-		sink.Truncate(p.ID(), from)
-		*skip = false
 	}
 	sub, err := p.Subscribe(from)
 	var ce *partition.CompactedError
 	if errors.As(err, &ce) {
+		s.learnSplits(p.Splits(), sink)
 		sink.Truncate(p.ID(), ce.Rev)
+		*skip = false
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	defer sub.Cancel()
+	s.learnSplits(sub.Splits(), sink)
+	if skipped {
+		sink.Truncate(p.ID(), from)
+		*skip = false
+	}
 	for {
 		evs, done, err := sub.CatchUp(feedCatchUpRevs)
 		if err != nil {
@@ -450,6 +503,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 		if err := st.RecvMsg(&m); err != nil {
 			return node, err
 		}
+		s.learnSplits(m.Splits, sink)
 		if m.Compacted != 0 {
 			sink.Truncate(group, m.Compacted)
 		}
@@ -462,7 +516,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 		}
 		// A local replica, once here, is the cheaper source; switch when
 		// it has caught up with what the stream delivered.
-		if p := s.byID[group].local(); p != nil && p.Initialized() && p.Closed() >= sink.ResumeFrom(group)-1 {
+		if p := s.Local(group); p != nil && p.Initialized() && p.Closed() >= sink.ResumeFrom(group)-1 {
 			return node, nil
 		}
 	}

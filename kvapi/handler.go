@@ -48,13 +48,12 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 	case MetaGroup:
 		return s.handleMeta(ctx, req)
 	}
-	rt := s.byID[req.Group]
-	if rt == nil || rt.local() == nil {
+	p := s.Local(req.Group)
+	if p == nil {
 		return nil, ErrNoReplica
 	}
-	p := rt.local()
 	switch req.Op {
-	case OpTxn, OpPut, OpDeleteRange, OpDeleteByLease, OpCompact:
+	case OpTxn, OpPut, OpDeleteRange, OpDeleteByLease, OpCompact, OpSplit:
 		if !p.IsLeader() {
 			return nil, partition.ErrNotLeader
 		}
@@ -82,11 +81,18 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 		resp, err := p.DeleteRange(ctx, &r)
 		return marshal(resp, err)
 	case OpDeleteByLease:
-		v, _, err := readInts(req.Args, 1)
+		v, rest, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		start, end, err := readSpan(rest)
 		if err != nil {
 			return nil, err
 		}
 		_, rev, err := p.DeleteByLease(ctx, v[0])
+		if err == nil && !p.Covers(start, end) {
+			err = partition.ErrOutsideRange
+		}
 		return ints(rev), err
 	case OpCompact:
 		v, _, err := readInts(req.Args, 1)
@@ -94,6 +100,12 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 			return nil, err
 		}
 		return nil, p.Compact(ctx, v[0])
+	case OpSplit:
+		v, key, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.splitLocal(ctx, p, key, uint64(v[0]))
 	case OpRequestClose:
 		v, _, err := readInts(req.Args, 1)
 		if err != nil {
@@ -155,11 +167,18 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 		}
 		return p.PrevValue(key, v[0])
 	case OpLeaseKeys:
-		v, _, err := readInts(req.Args, 1)
+		v, rest, err := readInts(req.Args, 1)
+		if err != nil {
+			return nil, err
+		}
+		start, end, err := readSpan(rest)
 		if err != nil {
 			return nil, err
 		}
 		keys, err := p.LeaseKeys(v[0])
+		if err == nil && !p.Covers(start, end) {
+			err = partition.ErrOutsideRange
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -170,6 +189,13 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 		return resp.Marshal()
 	}
 	return nil, errCorruptCall
+}
+
+// readSpan decodes a span appended by appendSpan (end as a range end).
+func readSpan(b []byte) (start, end []byte, err error) {
+	r := reader{b: b}
+	start, end = r.chunk(), r.chunk()
+	return start, spanEnd(end), r.err
 }
 
 func (s *Store) handleTSO(ctx context.Context, req *CallRequest) ([]byte, error) {
@@ -241,6 +267,15 @@ func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error
 			return nil, errCorruptCall
 		}
 		return nil, m.SetMember(ctx, mem)
+	case OpMetaAllocPartition:
+		id, err := m.AllocPartitionID(ctx)
+		return ints(int64(id)), err
+	case OpMetaRecordSplits:
+		var splits []meta.Split
+		if err := json.Unmarshal(req.Args, &splits); err != nil {
+			return nil, errCorruptCall
+		}
+		return nil, m.RecordSplits(ctx, splits)
 	}
 	return nil, errCorruptCall
 }

@@ -191,18 +191,17 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 // removed one stops serving before its state is deleted. It reports
 // whether id is a partition.
 func (s *Store) SetLocal(id uint64, p *partition.Partition) bool {
-	rt := s.byID[id]
-	if rt == nil {
+	if id < FirstPartition {
 		return false
 	}
-	rt.localp.Store(p)
+	s.slot(id).localp.Store(p)
 	return true
 }
 
 // Local returns this node's serving replica of partition id, or nil.
 func (s *Store) Local(id uint64) *partition.Partition {
-	if rt := s.byID[id]; rt != nil {
-		return rt.local()
+	if id < FirstPartition {
+		return nil
 	}
-	return nil
+	return s.slot(id).local()
 }

@@ -57,6 +57,9 @@ const (
 	OpGroupInfo     // -> leader, voters, learners (from the leader)
 	OpMetaSetMember // JSON meta.Member
 	OpClusterInfo   // -> the cluster's description (Config.ClusterInfo), for a joining node
+	OpSplit         // child, key: split a partition (on its leader), then record it in the meta group
+	OpMetaAllocPartition
+	OpMetaRecordSplits // JSON []meta.Split
 )
 
 // CallRequest is an internal call.
@@ -158,6 +161,8 @@ var errCodes = []error{
 	// Appended: existing codes keep their numbers across versions.
 	ErrNoLeader,
 	partition.ErrRetriesExhausted,
+	partition.ErrOutsideRange,
+	partition.ErrBadSplitKey,
 }
 
 const (

@@ -64,19 +64,36 @@ type Route struct {
 	Local *partition.Partition
 }
 
-// route is a Route as the store keeps it: this node's replica may come
-// and go (a replica added here or removed).
+// route is a partition's span in a routing table and this node's slot
+// for the partition (shared by every table).
 type route struct {
 	ID         uint64
 	Start, End []byte
-	localp     atomic.Pointer[partition.Partition]
+	*slot
+}
+
+// slot holds what the store keeps per partition across routing tables:
+// this node's replica, which may come and go (a replica added here or
+// removed), and the close forwarder.
+type slot struct {
+	localp atomic.Pointer[partition.Partition]
 	// forwardClose asks the partition's leader to close a revision, for
 	// a node whose hub reads the partition's feed from another node.
 	forwardClose func(rev int64)
 }
 
 // local returns this node's replica, or nil.
-func (r *route) local() *partition.Partition { return r.localp.Load() }
+func (r *slot) local() *partition.Partition { return r.localp.Load() }
+
+// table is a routing table: partitions covering the keyspace. Tables are
+// immutable; a split replaces the store's table (SetRoutes).
+type table struct {
+	routes  []*route // sorted by start key, covering all keys
+	byID    map[uint64]*route
+	version uint64
+	// replaced is closed when a newer table replaces this one.
+	replaced chan struct{}
+}
 
 // Config configures a Store.
 type Config struct {
@@ -108,9 +125,18 @@ type Config struct {
 // Store routes requests to the partitions (and the TSO and meta group)
 // that serve them, locally or on other nodes.
 type Store struct {
-	self       uint64
-	routes     []*route // sorted by start key, covering all keys
-	byID       map[uint64]*route
+	self  uint64
+	tab   atomic.Pointer[table]
+	slots struct {
+		sync.Mutex
+		m map[uint64]*slot // protected by Mutex
+	}
+	// feeders are the partitions whose feeds run (feed.go).
+	feeders struct {
+		sync.Mutex
+		sink FeedSink
+		m    map[uint64]bool // protected by Mutex
+	}
 	tso        *tso.Client
 	oracle     *tso.Oracle
 	meta       *meta.Meta
@@ -153,28 +179,113 @@ func NewStore(cfg Config) (*Store, error) {
 	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
 		leaderHint: cfg.LeaderHint, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
 		groups: cfg.Groups, alive: cfg.Alive, clusterInfo: cfg.ClusterInfo,
-		byID: make(map[uint64]*route), stopc: make(chan struct{})}
-	for _, cr := range cfg.Routes {
-		r := &route{ID: cr.ID, Start: cr.Start, End: cr.End}
-		r.localp.Store(cr.Local)
-		r.forwardClose = s.ForwardClose(r.ID)
-		s.routes = append(s.routes, r)
-		s.byID[r.ID] = r
+		stopc: make(chan struct{})}
+	s.slots.m = make(map[uint64]*slot)
+	s.feeders.m = make(map[uint64]bool)
+	if err := s.SetRoutes(cfg.Routes); err != nil {
+		return nil, err
 	}
-	sort.Slice(s.routes, func(i, j int) bool { return bytes.Compare(s.routes[i].Start, s.routes[j].Start) < 0 })
-	for i, r := range s.routes {
-		if i == 0 && len(r.Start) != 0 {
-			return nil, fmt.Errorf("kvapi: first partition starts at %q, not at the empty key", r.Start)
-		}
-		if i+1 < len(s.routes) {
-			if !bytes.Equal(r.End, s.routes[i+1].Start) {
-				return nil, fmt.Errorf("kvapi: partitions %d and %d leave a gap or overlap", r.ID, s.routes[i+1].ID)
-			}
-		} else if len(r.End) != 0 {
-			return nil, fmt.Errorf("kvapi: last partition ends at %q, not at the end of the keyspace", r.End)
+	for _, cr := range cfg.Routes {
+		if cr.Local != nil {
+			s.slot(cr.ID).localp.Store(cr.Local)
 		}
 	}
 	return s, nil
+}
+
+// slot returns partition id's slot, creating it.
+func (s *Store) slot(id uint64) *slot {
+	s.slots.Lock()
+	defer s.slots.Unlock()
+	sl := s.slots.m[id]
+	if sl == nil {
+		sl = &slot{forwardClose: s.ForwardClose(id)}
+		s.slots.m[id] = sl
+	}
+	return sl
+}
+
+// SetRoutes replaces the routing table (Local is ignored: see SetLocal).
+// Routes must cover the keyspace without gaps or overlaps. Requests
+// routed by the previous table that a partition refuses as outside its
+// span (ErrOutsideRange) are routed again by the new one.
+func (s *Store) SetRoutes(routes []Route) error {
+	t := &table{byID: make(map[uint64]*route), replaced: make(chan struct{})}
+	for _, cr := range routes {
+		r := &route{ID: cr.ID, Start: cr.Start, End: cr.End, slot: s.slot(cr.ID)}
+		t.routes = append(t.routes, r)
+		t.byID[r.ID] = r
+	}
+	sort.Slice(t.routes, func(i, j int) bool { return bytes.Compare(t.routes[i].Start, t.routes[j].Start) < 0 })
+	for i, r := range t.routes {
+		if i == 0 && len(r.Start) != 0 {
+			return fmt.Errorf("kvapi: first partition starts at %q, not at the empty key", r.Start)
+		}
+		if i+1 < len(t.routes) {
+			if !bytes.Equal(r.End, t.routes[i+1].Start) {
+				return fmt.Errorf("kvapi: partitions %d and %d leave a gap or overlap", r.ID, t.routes[i+1].ID)
+			}
+		} else if len(r.End) != 0 {
+			return fmt.Errorf("kvapi: last partition ends at %q, not at the end of the keyspace", r.End)
+		}
+	}
+	if len(t.routes) == 0 {
+		return errors.New("kvapi: no partitions")
+	}
+	for {
+		old := s.tab.Load()
+		if old != nil {
+			t.version = old.version + 1
+		}
+		if s.tab.CompareAndSwap(old, t) {
+			if old != nil {
+				close(old.replaced)
+			}
+			return nil
+		}
+	}
+}
+
+// Routes returns the current routing table.
+func (s *Store) Routes() []Route {
+	t := s.tab.Load()
+	out := make([]Route, len(t.routes))
+	for i, r := range t.routes {
+		out[i] = Route{ID: r.ID, Start: r.Start, End: r.End, Local: r.local()}
+	}
+	return out
+}
+
+func (s *Store) table() *table { return s.tab.Load() }
+
+// routed runs op, and again with a newer routing table while a partition
+// answers ErrOutsideRange (it split since the table was made). op must be
+// safe to repeat after such an answer (reads; writes the partition
+// refused before executing them).
+func (s *Store) routed(ctx context.Context, op func(t *table) error) error {
+	var deadline <-chan time.Time
+	for {
+		t := s.table()
+		err := op(t)
+		if !errors.Is(err, partition.ErrOutsideRange) {
+			return err
+		}
+		if deadline == nil {
+			tm := time.NewTimer(requestTimeout)
+			defer tm.Stop()
+			deadline = tm.C
+		}
+		select {
+		case <-t.replaced:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return ErrNoLeader
+		case <-time.After(50 * time.Millisecond):
+			// The partition map may be current while this node's replica
+			// is not: look again.
+		}
+	}
 }
 
 // SetTSO replaces the TSO client (a cluster's client reaches the TSO
@@ -216,7 +327,7 @@ func (b tsoBackend) Current(ctx context.Context) (int64, error) {
 // Partitions returns this node's partition replicas in key order.
 func (s *Store) Partitions() []*partition.Partition {
 	var out []*partition.Partition
-	for _, r := range s.routes {
+	for _, r := range s.table().routes {
 		if l := r.local(); l != nil {
 			out = append(out, l)
 		}
@@ -238,28 +349,47 @@ func (s *Store) FreshRevision(ctx context.Context) (int64, error) {
 func (s *Store) CompactRevision() int64 { return s.meta.CompactRevision() }
 
 // partitionIndex returns the index of the route owning key.
-func (s *Store) partitionIndex(key []byte) int {
-	return sort.Search(len(s.routes), func(i int) bool {
-		return bytes.Compare(s.routes[i].Start, key) > 0
+func (t *table) partitionIndex(key []byte) int {
+	return sort.Search(len(t.routes), func(i int) bool {
+		return bytes.Compare(t.routes[i].Start, key) > 0
 	}) - 1
 }
 
-func (s *Store) routeFor(key []byte) *route { return s.routes[s.partitionIndex(key)] }
+func (t *table) routeFor(key []byte) *route { return t.routes[t.partitionIndex(key)] }
 
 // overlapping returns the routes overlapping [key, end) in key order (end
 // nil: the single key; empty: unbounded).
-func (s *Store) overlapping(key, end []byte) []*route {
-	i := s.partitionIndex(key)
+func (t *table) overlapping(key, end []byte) []*route {
+	i := t.partitionIndex(key)
 	if end == nil {
-		return s.routes[i : i+1]
+		return t.routes[i : i+1]
 	}
 	j := i + 1
-	for ; j < len(s.routes); j++ {
-		if len(end) != 0 && bytes.Compare(s.routes[j].Start, end) >= 0 {
+	for ; j < len(t.routes); j++ {
+		if len(end) != 0 && bytes.Compare(t.routes[j].Start, end) >= 0 {
 			break
 		}
 	}
-	return s.routes[i:j]
+	return t.routes[i:j]
+}
+
+// clip intersects [key, end) (end nil: the single key; empty: unbounded)
+// with rt's span; ok is false if they do not meet.
+func (rt *route) clip(key, end []byte) (k, e []byte, ok bool) {
+	if end == nil {
+		return key, nil, true
+	}
+	k, e = key, end
+	if bytes.Compare(k, rt.Start) < 0 {
+		k = rt.Start
+	}
+	if len(rt.End) != 0 && (len(e) == 0 || bytes.Compare(e, rt.End) > 0) {
+		e = rt.End
+	}
+	if len(e) != 0 && bytes.Compare(k, e) >= 0 {
+		return nil, nil, false
+	}
+	return k, e, true
 }
 
 // mkEnd converts an etcd range end: empty means a single key (nil here),
@@ -333,9 +463,17 @@ func (s *Store) readRevision(ctx context.Context, routes []*route, rev int64, se
 }
 
 // Range implements etcd's Range across partitions.
-func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeResponse, error) {
+func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (resp *pb.RangeResponse, err error) {
+	err = s.routed(ctx, func(t *table) error {
+		resp, err = s.rangeIn(ctx, t, r)
+		return err
+	})
+	return resp, err
+}
+
+func (s *Store) rangeIn(ctx context.Context, t *table, r *pb.RangeRequest) (*pb.RangeResponse, error) {
 	end := mkEnd(r.RangeEnd)
-	routes := s.overlapping(r.Key, end)
+	routes := t.overlapping(r.Key, end)
 	if end != nil && len(end) != 0 && bytes.Compare(r.Key, end) >= 0 {
 		routes = nil
 	}
@@ -362,7 +500,11 @@ func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeRespons
 				o.Limit = limit - int64(len(kvs))
 			}
 		}
-		pkvs, n, err := s.scan(ctx, rt, r.Key, end, readRev, o)
+		k, e, ok := rt.clip(r.Key, end)
+		if !ok {
+			continue
+		}
+		pkvs, n, err := s.scan(ctx, rt, k, e, readRev, o)
 		if err != nil {
 			return nil, err
 		}
@@ -421,10 +563,12 @@ func (s *Store) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, err
 		return nil, err
 	}
 	var resp *pb.PutResponse
-	err := s.onLeader(ctx, s.routeFor(r.Key), OpPut,
-		func(p *partition.Partition) (err error) { resp, err = p.Put(ctx, r); return err },
-		r.Marshal,
-		func(b []byte) error { resp = &pb.PutResponse{}; return resp.Unmarshal(b) })
+	err := s.routed(ctx, func(t *table) error {
+		return s.onLeader(ctx, t.routeFor(r.Key), OpPut,
+			func(p *partition.Partition) (err error) { resp, err = p.Put(ctx, r); return err },
+			r.Marshal,
+			func(b []byte) error { resp = &pb.PutResponse{}; return resp.Unmarshal(b) })
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -447,9 +591,20 @@ func (s *Store) deleteOn(ctx context.Context, rt *route, r *pb.DeleteRangeReques
 
 // DeleteRange implements etcd's DeleteRange; see the package documentation
 // for ranges over several partitions.
-func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
+//
+// A split during a delete over several partitions makes it start over
+// (the partitions it finished delete nothing more the second time).
+func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (resp *pb.DeleteRangeResponse, err error) {
+	err = s.routed(ctx, func(t *table) error {
+		resp, err = s.deleteRangeIn(ctx, t, r)
+		return err
+	})
+	return resp, err
+}
+
+func (s *Store) deleteRangeIn(ctx context.Context, t *table, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
 	end := mkEnd(r.RangeEnd)
-	routes := s.overlapping(r.Key, end)
+	routes := t.overlapping(r.Key, end)
 	if len(routes) == 1 {
 		return s.deleteOn(ctx, routes[0], r)
 	}
@@ -514,13 +669,13 @@ func spanString(r *route) string {
 }
 
 // txnRoute returns the one route rt touches.
-func (s *Store) txnRoute(rt *pb.TxnRequest) (*route, error) {
+func (s *Store) txnRoute(t *table, rt *pb.TxnRequest) (*route, error) {
 	var only *route
 	for _, sp := range txnSpans(rt, nil) {
 		if sp[1] != nil && len(sp[1]) != 0 && bytes.Compare(sp[0], sp[1]) >= 0 {
 			continue // an empty range touches nothing
 		}
-		for _, r := range s.overlapping(sp[0], sp[1]) {
+		for _, r := range t.overlapping(sp[0], sp[1]) {
 			if only == nil {
 				only = r
 			} else if r != only {
@@ -529,14 +684,22 @@ func (s *Store) txnRoute(rt *pb.TxnRequest) (*route, error) {
 		}
 	}
 	if only == nil {
-		only = s.routes[0]
+		only = t.routes[0]
 	}
 	return only, nil
 }
 
 // Txn implements etcd's Txn for txns within one partition.
-func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
-	rte, err := s.txnRoute(rt)
+func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (resp *pb.TxnResponse, err error) {
+	err = s.routed(ctx, func(t *table) error {
+		resp, err = s.txnIn(ctx, t, rt)
+		return err
+	})
+	return resp, err
+}
+
+func (s *Store) txnIn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	rte, err := s.txnRoute(t, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -602,7 +765,7 @@ func (s *Store) Compact(ctx context.Context, r *pb.CompactionRequest) (*pb.Compa
 	if err := s.metaCall(ctx, OpMetaSetCompact, func() error { return s.meta.SetCompact(ctx, r.Revision) }, ints(r.Revision), nil); err != nil {
 		return nil, err
 	}
-	for _, rt := range s.routes {
+	for _, rt := range s.table().routes {
 		err := s.onLeader(ctx, rt, OpCompact,
 			func(p *partition.Partition) error { return p.Compact(ctx, r.Revision) },
 			func() ([]byte, error) { return ints(r.Revision), nil }, nil)
@@ -654,25 +817,40 @@ func (s *Store) LeaseRevoke(ctx context.Context, id int64) (*pb.LeaseRevokeRespo
 	return &pb.LeaseRevokeResponse{Header: &pb.ResponseHeader{Revision: cur}}, nil
 }
 
+// finishRevoke deletes the keys of lease id in every partition (again
+// everywhere if a partition split meanwhile: deleting is idempotent) and
+// drops the lease.
 func (s *Store) finishRevoke(ctx context.Context, id int64) error {
-	for _, rt := range s.routes {
-		var rev int64
-		err := s.onLeader(ctx, rt, OpDeleteByLease,
-			func(p *partition.Partition) (err error) { _, rev, err = p.DeleteByLease(ctx, id); return err },
-			func() ([]byte, error) { return ints(id), nil },
-			func(b []byte) error {
-				v, _, err := readInts(b, 1)
-				if err == nil {
-					rev = v[0]
-				}
+	err := s.routed(ctx, func(t *table) error {
+		for _, rt := range t.routes {
+			var rev int64
+			err := s.onLeader(ctx, rt, OpDeleteByLease,
+				func(p *partition.Partition) (err error) {
+					_, rev, err = p.DeleteByLease(ctx, id)
+					if err == nil && !p.Covers(rt.Start, spanEnd(rt.End)) {
+						err = partition.ErrOutsideRange
+					}
+					return err
+				},
+				func() ([]byte, error) { return appendSpan(ints(id), rt), nil },
+				func(b []byte) error {
+					v, _, err := readInts(b, 1)
+					if err == nil {
+						rev = v[0]
+					}
+					return err
+				})
+			if err != nil {
 				return err
-			})
-		if err != nil {
-			return err
+			}
+			s.noteAcked(rev)
 		}
-		s.noteAcked(rev)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	err := s.metaCall(ctx, OpMetaFinishRevoke, func() error { return s.meta.FinishRevoke(ctx, id) }, ints(id), nil)
+	err = s.metaCall(ctx, OpMetaFinishRevoke, func() error { return s.meta.FinishRevoke(ctx, id) }, ints(id), nil)
 	if errors.Is(err, meta.ErrLeaseNotFound) {
 		return nil // finished concurrently
 	}
@@ -708,23 +886,52 @@ func (s *Store) LeaseTimeToLive(ctx context.Context, r *pb.LeaseTimeToLiveReques
 	cur, _ := s.tso.Fresh(ctx)
 	resp := &pb.LeaseTimeToLiveResponse{Header: &pb.ResponseHeader{Revision: cur}, ID: r.ID, TTL: remaining, GrantedTTL: granted}
 	if r.Keys {
-		for _, rt := range s.routes {
-			keys, err := s.leaseKeys(ctx, rt, r.ID)
-			if err != nil {
-				return nil, err
+		err := s.routed(ctx, func(t *table) error {
+			resp.Keys = nil
+			for _, rt := range t.routes {
+				keys, err := s.leaseKeys(ctx, rt, r.ID)
+				if err != nil {
+					return err
+				}
+				resp.Keys = append(resp.Keys, keys...)
 			}
-			resp.Keys = append(resp.Keys, keys...)
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	return resp, nil
 }
 
+// spanEnd is a route's end as Partition.Covers takes it (a range end:
+// never nil).
+func spanEnd(end []byte) []byte {
+	if end == nil {
+		return []byte{}
+	}
+	return end
+}
+
+// appendSpan appends rt's span to a call's arguments, for the answering
+// node to check its replica still covers it.
+func appendSpan(b []byte, rt *route) []byte {
+	b = binary.AppendUvarint(b, uint64(len(rt.Start)))
+	b = append(b, rt.Start...)
+	b = binary.AppendUvarint(b, uint64(len(rt.End)))
+	return append(b, rt.End...)
+}
+
 func (s *Store) leaseKeys(ctx context.Context, rt *route, id int64) ([][]byte, error) {
 	if l := rt.local(); l != nil {
-		return l.LeaseKeys(id)
+		keys, err := l.LeaseKeys(id)
+		if err == nil && !l.Covers(rt.Start, spanEnd(rt.End)) {
+			err = partition.ErrOutsideRange
+		}
+		return keys, err
 	}
 	var resp pb.RangeResponse
-	err := s.call(ctx, rt.ID, OpLeaseKeys, true, nil, func() ([]byte, error) { return ints(id), nil }, resp.Unmarshal)
+	err := s.call(ctx, rt.ID, OpLeaseKeys, true, nil, func() ([]byte, error) { return appendSpan(ints(id), rt), nil }, resp.Unmarshal)
 	keys := make([][]byte, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
 		keys[i] = kv.Key
@@ -835,15 +1042,29 @@ func (s *Store) Stop() {
 // the partitions in revision order, read from this node's replicas or,
 // for a partition without one here, from another node's. It returns at
 // most about maxRevs revisions; next is the first revision not covered.
-func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, error) {
-	routes := s.overlapping(key, end)
+func (s *Store) Events(from, to int64, key, end []byte, maxRevs int) (evs []partition.RevEvents, next int64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
+	defer cancel()
+	err = s.routed(ctx, func(t *table) error {
+		evs, next, err = s.eventsIn(t, from, to, key, end, maxRevs)
+		return err
+	})
+	return evs, next, err
+}
+
+func (s *Store) eventsIn(t *table, from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, error) {
+	routes := t.overlapping(key, end)
 	if end == nil {
 		end = append(append([]byte(nil), key...), 0)
 	}
 	var all []partition.RevEvents
 	next := to + 1
 	for _, rt := range routes {
-		evs, pnext, more, err := s.partitionEvents(rt, from, to, key, end, maxRevs)
+		k, e, ok := rt.clip(key, end)
+		if !ok {
+			continue
+		}
+		evs, pnext, more, err := s.partitionEvents(rt, from, to, k, e, maxRevs)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -898,23 +1119,25 @@ func (s *Store) partitionEvents(rt *route, from, to int64, key, end []byte, maxR
 }
 
 // PrevValue loads the value of key's version at rev.
-func (s *Store) PrevValue(key []byte, rev int64) ([]byte, error) {
-	rt := s.routeFor(key)
-	if l := rt.local(); l != nil {
-		return l.PrevValue(key, rev)
-	}
+func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
 	defer cancel()
-	var v []byte
-	err := s.call(ctx, rt.ID, OpPrevValue, true, nil, func() ([]byte, error) {
-		return append(ints(rev), key...), nil
-	}, func(res []byte) error { v = res; return nil })
+	err = s.routed(ctx, func(t *table) error {
+		rt := t.routeFor(key)
+		if l := rt.local(); l != nil {
+			v, err = l.PrevValue(key, rev)
+			return err
+		}
+		return s.call(ctx, rt.ID, OpPrevValue, true, nil, func() ([]byte, error) {
+			return append(ints(rev), key...), nil
+		}, func(res []byte) error { v = res; return nil })
+	})
 	return v, err
 }
 
 // RequestClose asks every partition to close rev (through its leader).
 func (s *Store) RequestClose(rev int64) {
-	for _, rt := range s.routes {
+	for _, rt := range s.table().routes {
 		if l := rt.local(); l != nil {
 			l.RequestClose(rev)
 		} else {

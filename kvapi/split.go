@@ -1,0 +1,91 @@
+package kvapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/brainkv/brain/meta"
+	"github.com/brainkv/brain/partition"
+)
+
+// Splits through the store: Split allocates the new partition's ID in the
+// meta group, has the partition's leader split (partition.Split), and the
+// leader records the split in the meta group's partition map before it
+// answers. A leader that failed before recording it leaves that to
+// ReportSplits, which every node runs for the partitions it leads.
+
+// Split splits the partition holding key at key and returns the parent
+// and the new partition. It returns once this node routes by the new map.
+func (s *Store) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
+	defer cancel()
+	err = s.metaCall(ctx, OpMetaAllocPartition, func() error {
+		id, err := s.meta.AllocPartitionID(ctx)
+		child = id
+		return err
+	}, nil, func(b []byte) error {
+		v, _, err := readInts(b, 1)
+		if err == nil {
+			child = uint64(v[0])
+		}
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	err = s.routed(ctx, func(t *table) error {
+		rt := t.routeFor(key)
+		parent = rt.ID
+		return s.onLeader(ctx, rt, OpSplit,
+			func(p *partition.Partition) error { return s.splitLocal(ctx, p, key, child) },
+			func() ([]byte, error) { return append(ints(int64(child)), key...), nil }, nil)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	for s.table().byID[child] == nil {
+		if err := sleep(ctx, 5*time.Millisecond); err != nil {
+			return parent, child, err
+		}
+	}
+	return parent, child, nil
+}
+
+// splitLocal splits p (on its leader) and records the split.
+func (s *Store) splitLocal(ctx context.Context, p *partition.Partition, key []byte, child uint64) error {
+	if !p.Contains(key) {
+		return partition.ErrOutsideRange
+	}
+	if err := p.Split(ctx, key, child); err != nil {
+		return err
+	}
+	return s.ReportSplits(ctx, p)
+}
+
+// ReportSplits records p's splits that the meta group's partition map
+// lacks (this node's meta replica may lag: recording is idempotent).
+func (s *Store) ReportSplits(ctx context.Context, p *partition.Partition) error {
+	known := make(map[uint64]bool)
+	for _, sp := range s.meta.Splits() {
+		known[sp.Child] = true
+	}
+	var missing []meta.Split
+	for _, r := range p.Splits() {
+		if !known[r.Child] {
+			missing = append(missing, meta.Split{Parent: p.ID(), Child: r.Child, Key: r.Key})
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	args, err := json.Marshal(missing)
+	if err != nil {
+		return err
+	}
+	return s.metaCall(ctx, OpMetaRecordSplits, func() error { return s.meta.RecordSplits(ctx, missing) }, args, nil)
+}
+
+// IsSplitRefusal reports whether err is a split refused for its key.
+func IsSplitRefusal(err error) bool { return errors.Is(err, partition.ErrBadSplitKey) }
