@@ -20,6 +20,7 @@ import (
 //	GET  /brain/v1/status                       this node's view (NodeStatus)
 //	POST /brain/v1/transfer-leader?group=G&to=ID hand this node's leadership of G to member ID
 //	POST /brain/v1/move-replica?group=G&from=A&to=B move partition G's replica from member A to B (on G's leader)
+//	POST /brain/v1/split?key=K                   split the partition holding key K at K (on any node)
 
 // NodeStatus is one node's view of the cluster.
 type NodeStatus struct {
@@ -69,6 +70,7 @@ func (s *Server) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("GET /brain/v1/status", s.handleStatus)
 	mux.HandleFunc("POST /brain/v1/transfer-leader", s.handleTransferLeader)
 	mux.HandleFunc("POST /brain/v1/move-replica", s.handleMoveReplica)
+	mux.HandleFunc("POST /brain/v1/split", s.handleSplit)
 }
 
 // Status returns this node's view of the cluster.
@@ -97,7 +99,10 @@ func (s *Server) Status(ctx context.Context) NodeStatus {
 		}
 		return out
 	}
-	bounds := append(append([]string{""}, s.id.SplitPoints...), "")
+	spans := map[uint64]kvapi.Route{}
+	for _, rt := range s.store.Routes() {
+		spans[rt.ID] = rt
+	}
 	for _, g := range s.groupIDs() {
 		rs, ok := s.groupStatus(g)
 		if !ok {
@@ -119,11 +124,15 @@ func (s *Server) Status(ctx context.Context) NodeStatus {
 			gs.Kind = "meta"
 		default:
 			gs.Kind = "partition"
-			i := int(g) - kvapi.FirstPartition
-			gs.Start, gs.End = bounds[i], bounds[i+1]
 			s.partsMu.Lock()
 			p := s.parts[g]
 			s.partsMu.Unlock()
+			if rt, ok := spans[g]; ok {
+				gs.Start, gs.End = string(rt.Start), string(rt.End)
+			} else if p != nil {
+				start, end := p.Span()
+				gs.Start, gs.End = string(start), string(end)
+			}
 			if p != nil {
 				gs.Closed = p.Closed()
 				gs.ClosedLag = max(rev-gs.Closed, 0)
@@ -203,5 +212,24 @@ func (s *Server) handleMoveReplica(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusConflict)
 	default:
 		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+	}
+}
+
+func (s *Server) handleSplit(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("key")
+	if key == "" {
+		http.Error(w, "want key=<split key> (not empty)", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	defer cancel()
+	parent, child, err := s.Split(ctx, []byte(key))
+	switch {
+	case err == nil:
+		fmt.Fprintf(w, "partition %d split at %q: keys from %q on are partition %d\n", parent, key, key, child)
+	case kvapi.IsSplitRefusal(err):
+		http.Error(w, fmt.Sprintf("%q already starts a partition", key), http.StatusBadRequest)
+	default:
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	}
 }

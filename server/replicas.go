@@ -37,7 +37,7 @@ const removalGrace = 2 * time.Second
 // bootConf returns group id's initial configuration if this node must
 // bootstrap it (a new store whose initial placement includes it), else nil.
 func (s *Server) bootConf(id uint64) *raftpb.ConfState {
-	if s.id.Bootstrapped {
+	if s.id.Bootstrapped || id >= meta.FirstAllocatedPartition {
 		return nil
 	}
 	cs := initialConf(id, s.id.Members, s.id.Replicas)
@@ -60,12 +60,16 @@ func (s *Server) newPartition(id uint64, start, end []byte) (*partition.Partitio
 		ID: id, Start: start, End: end,
 		DB: s.db, Revisions: s.tso, Leases: s.meta, Metrics: s.pm, Logger: s.log,
 		ForwardClose: fc.forward,
+		OnSplit:      func(rec partition.SplitRecord) { s.onSplit(id, rec) },
 	})
 }
 
 // isPartition reports whether id is one of the cluster's partitions.
 func (s *Server) isPartition(id uint64) bool {
-	return id >= kvapi.FirstPartition && id <= kvapi.FirstPartition+uint64(len(s.id.SplitPoints))
+	if id < meta.FirstAllocatedPartition {
+		return id >= kvapi.FirstPartition && id <= kvapi.FirstPartition+uint64(len(s.id.SplitPoints))
+	}
+	return true
 }
 
 // newReplica is the raftgroup factory for a replica a leader adds here.
@@ -81,7 +85,7 @@ func (s *Server) newReplica(group uint64) (raftgroup.StateMachine, error) {
 		return s.oracle, nil
 	case group == kvapi.MetaGroup:
 		return s.meta, nil
-	case !s.isPartition(group) || s.store == nil:
+	case !s.isPartition(group) || s.store == nil || !s.splitChildAllowed(group):
 		return nil, nil
 	}
 	s.partsMu.Lock()

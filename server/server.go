@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/soheilhy/cmux"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
 )
 
@@ -52,14 +54,18 @@ type Server struct {
 	pm   *partition.Metrics
 	// parts are this node's partition replicas (serving or being added),
 	// by group; partsMu guards the map after start.
-	partsMu  sync.Mutex
-	parts    map[uint64]*partition.Partition
-	closeFwd []*forwardCloser
-	store    *kvapi.Store
-	hub      *etcdcompat.Hub
-	etcd     *etcdcompat.Server
-	grpc     *grpc.Server
-	quota    *quota
+	partsMu sync.Mutex
+	parts   map[uint64]*partition.Partition
+	// routesKick wakes the partition map refresher (splits.go); routesMu
+	// serializes installing maps.
+	routesKick chan struct{}
+	routesMu   sync.Mutex
+	closeFwd   []*forwardCloser
+	store      *kvapi.Store
+	hub        *etcdcompat.Hub
+	etcd       *etcdcompat.Server
+	grpc       *grpc.Server
+	quota      *quota
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
@@ -94,7 +100,8 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = newLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
+		routesKick: make(chan struct{}, 1)}
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := s.open(); err != nil {
 		s.closeStorage()
@@ -181,50 +188,71 @@ func (s *Server) open() error {
 	s.parts = make(map[uint64]*partition.Partition)
 
 	// Partitions and their routes. This node opens a replica of every
-	// group it has raft state for, and on a new store bootstraps those the
-	// initial placement gives it; replicas added later are created when
-	// their leader first contacts this node (newReplica).
-	var routes []kvapi.Route
+	// partition it has raft state for - the initial ones, and those splits
+	// created (named by the meta replica's records and by the local
+	// partitions' own) - and on a new store bootstraps those the initial
+	// placement gives it; replicas added later are created when their
+	// leader first contacts this node (newReplica), or by a split applied
+	// here (splits.go).
 	bounds := append([]string{""}, s.id.SplitPoints...)
+	var candidates []uint64
+	initial := make(map[uint64][2][]byte)
 	for i, start := range bounds {
 		id := uint64(kvapi.FirstPartition + i)
 		var end []byte
 		if i+1 < len(bounds) {
 			end = []byte(bounds[i+1])
 		}
-		rt := kvapi.Route{ID: id, Start: []byte(start), End: end}
+		initial[id] = [2][]byte{[]byte(start), end}
+		candidates = append(candidates, id)
+	}
+	for _, sp := range s.meta.Splits() {
+		candidates = append(candidates, sp.Child)
+	}
+	for len(candidates) > 0 {
+		id := candidates[0]
+		candidates = candidates[1:]
+		if s.parts[id] != nil {
+			continue
+		}
 		has, err := raftgroup.HasState(db, id)
 		if err != nil {
 			return err
 		}
 		boot := s.bootConf(id) != nil
-		if has || boot {
-			// A replica added after bootstrap has the span it persisted
-			// with its snapshot (or none yet).
-			var pStart, pEnd []byte
-			if boot {
-				pStart, pEnd = rt.Start, rt.End
-			}
-			p, err := s.newPartition(id, pStart, pEnd)
-			if err != nil {
-				return err
-			}
-			s.parts[id] = p
-			// A cluster member's replica serves once it hears a leader
-			// (serveIfReady): it may have been replaced while this node
-			// was down, and would never catch up.
-			if p.Initialized() && !s.clustered() {
-				rt.Local = p
-			}
+		if !has && !boot {
+			continue
+		}
+		// A replica added after bootstrap has the span it persisted
+		// with its snapshot (or none yet).
+		var pStart, pEnd []byte
+		if boot {
+			pStart, pEnd = initial[id][0], initial[id][1]
+		}
+		p, err := s.newPartition(id, pStart, pEnd)
+		if err != nil {
+			return err
+		}
+		s.parts[id] = p
+		for _, r := range p.Splits() {
+			candidates = append(candidates, r.Child)
+		}
+	}
+	routes := s.partitionMap()
+	for i, rt := range routes {
+		// A cluster member's replica serves once it hears a leader
+		// (serveIfReady): it may have been replaced while this node
+		// was down, and would never catch up.
+		if p := s.parts[rt.ID]; p != nil && p.Initialized() && !s.clustered() {
+			routes[i].Local = p
 		}
 		// The hub knows a local replica's closed revision; another node's
 		// comes with the feed.
 		closed := int64(0)
-		if p := s.parts[id]; p != nil {
+		if p := s.parts[rt.ID]; p != nil {
 			closed = p.Closed()
 		}
-		s.hub.AddPartition(id, closed)
-		routes = append(routes, rt)
+		s.hub.AddPartition(rt.ID, closed)
 	}
 	s.quota = newQuota(db, s.id.MemberID, cfg.QuotaBackendBytes)
 	if s.store, err = kvapi.NewStore(kvapi.Config{
@@ -254,14 +282,7 @@ func (s *Server) open() error {
 	s.store.StartFeeds(s.hub)
 
 	for _, g := range s.groupIDs() {
-		has, err := raftgroup.HasState(db, g)
-		if err != nil {
-			return err
-		}
-		boot := s.bootConf(g)
-		if !has && boot == nil {
-			continue
-		}
+		var boot *raftpb.ConfState
 		var sm raftgroup.StateMachine
 		switch g {
 		case kvapi.TSOGroup:
@@ -269,7 +290,18 @@ func (s *Server) open() error {
 		case kvapi.MetaGroup:
 			sm = s.meta
 		default:
+			if s.parts[g] == nil {
+				continue
+			}
 			sm = s.parts[g]
+		}
+		has, err := raftgroup.HasState(db, g)
+		if err != nil {
+			return err
+		}
+		boot = s.bootConf(g)
+		if !has && boot == nil {
+			continue
 		}
 		grp, err := s.host.CreateGroupConf(g, boot, sm)
 		if err != nil {
@@ -302,6 +334,10 @@ func (s *Server) open() error {
 	}
 	s.store.StartLeaseExpiry(500 * time.Millisecond)
 	s.quota.start()
+	s.meta.SetOnSplits(s.kickRoutes)
+	s.wg.Add(2)
+	go s.refreshRoutes()
+	go s.reportSplits()
 	if s.clustered() {
 		s.wg.Add(3)
 		go s.balanceLeaders()
@@ -328,12 +364,28 @@ func (fc *forwardCloser) forward(rev int64) {
 	}
 }
 
-// groupIDs lists every group of the cluster.
+// groupIDs lists every group of the cluster this node knows: the TSO,
+// the meta group, the partitions of the map and this node's replicas.
 func (s *Server) groupIDs() []uint64 {
+	seen := map[uint64]bool{kvapi.TSOGroup: true, kvapi.MetaGroup: true}
 	ids := []uint64{kvapi.TSOGroup, kvapi.MetaGroup}
-	for i := 0; i <= len(s.id.SplitPoints); i++ {
-		ids = append(ids, uint64(kvapi.FirstPartition+i))
+	add := func(id uint64) {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
 	}
+	if s.store != nil {
+		for _, rt := range s.store.Routes() {
+			add(rt.ID)
+		}
+	}
+	s.partsMu.Lock()
+	for id := range s.parts {
+		add(id)
+	}
+	s.partsMu.Unlock()
+	slices.Sort(ids[2:])
 	return ids
 }
 
@@ -369,15 +421,7 @@ func (s *Server) leaderHint(group uint64) uint64 {
 
 // publishLeads gossips the groups this node leads.
 func (s *Server) publishLeads() {
-	defer s.wg.Done()
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stopc:
-			return
-		case <-t.C:
-		}
+	s.every(200*time.Millisecond, nil, func() {
 		var leads []uint64
 		for _, id := range s.groupIDs() {
 			if g := s.host.Group(id); g != nil && g.Status().IsLeader {
@@ -385,6 +429,23 @@ func (s *Server) publishLeads() {
 			}
 		}
 		s.membership.SetLeads(leads)
+	})
+}
+
+// every runs f every interval, and when kick (may be nil) fires, until
+// the node stops; it is a goroutine counted in s.wg.
+func (s *Server) every(interval time.Duration, kick <-chan struct{}, f func()) {
+	defer s.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopc:
+			return
+		case <-kick:
+		case <-t.C:
+		}
+		f()
 	}
 }
 

@@ -91,7 +91,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
 	f.DurationVar(&cfg.RebalanceInterval, "rebalance-interval", 10*time.Second, "brain: how often a partition's leader moves a replica toward the placement over the current members, so nodes that joined get their share of replicas and leaderships (negative: never).")
-	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), snapshotCmd(), migrateCmd(), versionCmd())
+	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), splitCmd(), snapshotCmd(), migrateCmd(), versionCmd())
 	return cmd
 }
 

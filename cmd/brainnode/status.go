@@ -408,3 +408,38 @@ func moveReplicaCmd() *cobra.Command {
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
 }
+
+func splitCmd() *cobra.Command {
+	var a adminFlags
+	cmd := &cobra.Command{
+		Use:   "split KEY",
+		Short: "Split the partition holding KEY at KEY, online (a new partition takes the keys from KEY to the partition's end)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			hc, err := a.client()
+			if err != nil {
+				return err
+			}
+			hc.Timeout = max(hc.Timeout, time.Minute)
+			var last error
+			for _, ep := range a.endpoints {
+				ep = normalizeEndpoint(ep)
+				resp, err := hc.Post(fmt.Sprintf("%s/brain/v1/split?key=%s", ep, url.QueryEscape(args[0])), "", nil)
+				if err != nil {
+					last = err
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+				}
+				fmt.Fprint(cmd.OutOrStdout(), string(b))
+				return nil
+			}
+			return fmt.Errorf("no endpoint answered: %w", last)
+		},
+	}
+	a.register(cmd)
+	return cmd
+}

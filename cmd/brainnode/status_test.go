@@ -218,3 +218,48 @@ func TestMoveReplica(t *testing.T) {
 	}
 	t.Logf("%d writes acknowledged and watched across two replica moves", len(acked))
 }
+
+// TestSplitCommand splits a partition with "split" and sees "status"
+// report both halves; a split at an existing boundary is refused.
+func TestSplitCommand(t *testing.T) {
+	s := testutil.StartBrain(t, server.Config{InitialSplitPoints: []string{"m"}})
+	ep := "http://" + testutil.Endpoint(s)
+	cl := testutil.Client(t, testutil.Endpoint(s))
+	for _, k := range []string{"a", "f", "p"} {
+		if _, err := cl.Put(t.Context(), k, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := runCmd(t, "split", "--endpoints", ep, "d")
+	if err != nil {
+		t.Fatalf("split: %v", err)
+	}
+	if !strings.Contains(out, `split at "d"`) {
+		t.Fatalf("split printed %q", out)
+	}
+	if _, err := runCmd(t, "split", "--endpoints", ep, "m"); err == nil || !strings.Contains(err.Error(), "already starts a partition") {
+		t.Fatalf("split at a boundary: %v", err)
+	}
+	out, err = runCmd(t, "status", "-w", "json", "--endpoints", ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var views []server.NodeStatus
+	if err := json.Unmarshal([]byte(out), &views); err != nil {
+		t.Fatalf("status -w json: %v\n%s", err, out)
+	}
+	var spans []string
+	for _, g := range views[0].Groups {
+		if g.Kind == "partition" {
+			spans = append(spans, fmt.Sprintf("[%s,%s)", g.Start, g.End))
+		}
+	}
+	slices.Sort(spans)
+	if want := []string{"[,d)", "[d,m)", "[m,)"}; !slices.Equal(spans, want) {
+		t.Fatalf("partitions after the split: %v, want %v", spans, want)
+	}
+	g, err := cl.Get(t.Context(), "", clientv3.WithFromKey())
+	if err != nil || g.Count != 3 {
+		t.Fatalf("keys after the split: %v %v", g, err)
+	}
+}

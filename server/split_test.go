@@ -1,0 +1,344 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/internal/testutil"
+	"github.com/brainkv/brain/server"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// splitWrite is an acknowledged put.
+type splitWrite struct {
+	key, value string
+	rev        int64
+}
+
+// splitLoad writes through clients until stop, recording acknowledged
+// puts and any error.
+type splitLoad struct {
+	mu     sync.Mutex
+	acked  []splitWrite
+	errs   []error
+	failed map[string]bool // keys of puts whose outcome is unknown
+}
+
+func (l *splitLoad) run(ctx context.Context, c *clientv3.Client, writer int, stop <-chan struct{}, wg *sync.WaitGroup) {
+	defer wg.Done()
+	r := rand.New(rand.NewPCG(uint64(writer), 7))
+	for i := 0; i < 5000; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		key := fmt.Sprintf("/registry/pods/k%03d", r.IntN(1000))
+		value := fmt.Sprintf("w%d-%d", writer, i)
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		resp, err := c.Put(wctx, key, value)
+		cancel()
+		l.mu.Lock()
+		if err != nil {
+			l.errs = append(l.errs, fmt.Errorf("put %s: %w", key, err))
+			l.failed[key] = true
+		} else {
+			l.acked = append(l.acked, splitWrite{key, value, resp.Header.Revision})
+		}
+		l.mu.Unlock()
+	}
+}
+
+// watchAll collects the events of a watch of the pods prefix from rev on
+// until it has seen revision upto.
+func watchAll(t *testing.T, c *clientv3.Client, from, upto int64) []*clientv3.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var evs []*clientv3.Event
+	wc := c.Watch(clientv3.WithRequireLeader(ctx), "/registry/pods/", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
+	for wr := range wc {
+		if err := wr.Err(); err != nil {
+			t.Fatalf("watch from %d: %v", from, err)
+		}
+		evs = append(evs, wr.Events...)
+		if wr.Header.Revision >= upto && (len(evs) > 0 && evs[len(evs)-1].Kv.ModRevision >= upto || wr.IsProgressNotify()) {
+			return evs
+		}
+		if len(wr.Events) == 0 || evs[len(evs)-1].Kv.ModRevision < upto {
+			_ = c.RequestProgress(ctx)
+		}
+		if len(evs) > 0 && evs[len(evs)-1].Kv.ModRevision >= upto {
+			return evs
+		}
+	}
+	t.Fatalf("watch from %d ended before revision %d (got %d events)", from, upto, len(evs))
+	return nil
+}
+
+// checkSplitHistory checks a watch's events against the acknowledged puts:
+// revisions strictly increase, every acknowledged put appears once at its
+// revision with its value and the previous value as prev_kv, and nothing
+// else appears but puts whose outcome is unknown.
+func checkSplitHistory(t *testing.T, name string, evs []*clientv3.Event, l *splitLoad, from, upto int64) {
+	t.Helper()
+	byRev := map[int64]splitWrite{}
+	for _, w := range l.acked {
+		if w.rev >= from && w.rev <= upto {
+			byRev[w.rev] = w
+		}
+	}
+	last := map[string]string{}
+	var prevRev int64
+	seen := 0
+	for _, ev := range evs {
+		rev := ev.Kv.ModRevision
+		if rev > upto {
+			break
+		}
+		if rev <= prevRev {
+			t.Fatalf("%s: event at revision %d after revision %d (order or duplicate)", name, rev, prevRev)
+		}
+		prevRev = rev
+		if ev.Type != mvccpb.PUT {
+			t.Fatalf("%s: unexpected %v event at %d", name, ev.Type, rev)
+		}
+		w, ok := byRev[rev]
+		if !ok {
+			if !l.failed[string(ev.Kv.Key)] {
+				t.Fatalf("%s: event %s=%s at %d matches no acknowledged put", name, ev.Kv.Key, ev.Kv.Value, rev)
+			}
+		} else {
+			seen++
+			if string(ev.Kv.Key) != w.key || string(ev.Kv.Value) != w.value {
+				t.Fatalf("%s: event at %d is %s=%s, acknowledged put was %s=%s", name, rev, ev.Kv.Key, ev.Kv.Value, w.key, w.value)
+			}
+		}
+		if p, ok := last[string(ev.Kv.Key)]; ok {
+			if ev.PrevKv == nil || string(ev.PrevKv.Value) != p {
+				t.Fatalf("%s: event %s at %d has prev_kv %v, want value %q", name, ev.Kv.Key, rev, ev.PrevKv, p)
+			}
+		}
+		last[string(ev.Kv.Key)] = string(ev.Kv.Value)
+	}
+	if seen != len(byRev) {
+		var missing []int64
+		got := map[int64]bool{}
+		for _, ev := range evs {
+			got[ev.Kv.ModRevision] = true
+		}
+		for r := range byRev {
+			if !got[r] {
+				missing = append(missing, r)
+			}
+		}
+		sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
+		t.Fatalf("%s: watch delivered %d of the %d acknowledged puts in [%d, %d]; missing revisions %v", name, seen, len(byRev), from, upto, missing[:min(len(missing), 20)])
+	}
+}
+
+// testSplitUnderLoad splits partitions of a cluster (nodes[0] coordinates)
+// while writers and watchers run through every node, then checks the
+// watches, a watch replaying the whole history after the splits, and the
+// final state against the acknowledged writes.
+//
+// Then it restarts the cluster (restart) and checks that the map and
+// the data survive, and that watches replaying the history - now from the
+// event logs, the in-memory history being gone - still see every write.
+func testSplitUnderLoad(t *testing.T, c *testutil.Cluster) {
+	ctx := context.Background()
+	nodes, endpoints := c.Nodes, c.Endpoints()
+	clients := make([]*clientv3.Client, len(endpoints))
+	for i, ep := range endpoints {
+		clients[i] = testutil.Client(t, ep)
+	}
+	start, err := clients[0].Get(ctx, "/registry/pods/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := start.Header.Revision + 1
+	initialParts := len(nodes[0].Store().Routes())
+	load := &splitLoad{failed: map[string]bool{}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go load.run(ctx, clients[w%len(clients)], w, stop, &wg)
+	}
+	// Live watches from before the splits, on every node.
+	type live struct {
+		wc  clientv3.WatchChan
+		mu  sync.Mutex
+		evs []*clientv3.Event // protected by mu
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	lives := make([]*live, len(clients))
+	for i, c := range clients {
+		lives[i] = &live{wc: c.Watch(wctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())}
+	}
+	var lwg sync.WaitGroup
+	for _, lv := range lives {
+		lwg.Add(1)
+		go func() {
+			defer lwg.Done()
+			for wr := range lv.wc {
+				lv.mu.Lock()
+				lv.evs = append(lv.evs, wr.Events...)
+				lv.mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	// Splits: two of the initial partition, then one of a child.
+	var children []uint64
+	for _, key := range []string{"/registry/pods/k500", "/registry/pods/k250", "/registry/pods/k750"} {
+		began := time.Now()
+		parent, child, err := nodes[0].Split(ctx, []byte(key))
+		if err != nil {
+			t.Fatalf("split at %s: %v", key, err)
+		}
+		t.Logf("split partition %d at %s: new partition %d (%v)", parent, key, child, time.Since(began).Round(time.Millisecond))
+		children = append(children, child)
+		time.Sleep(300 * time.Millisecond)
+	}
+	if _, _, err := nodes[0].Split(ctx, []byte("/registry/pods/k500")); err == nil {
+		t.Fatalf("split at an existing partition boundary succeeded")
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	load.mu.Lock()
+	defer load.mu.Unlock()
+	for _, err := range load.errs {
+		t.Errorf("write error: %v", err)
+	}
+	t.Logf("%d writes acknowledged, %d failed", len(load.acked), len(load.errs))
+	if len(load.acked) < 50 {
+		t.Fatalf("only %d writes acknowledged", len(load.acked))
+	}
+	end, err := clients[0].Get(ctx, "/registry/pods/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upto := end.Header.Revision
+	// The final state is the last acknowledged write of each key.
+	want := map[string]splitWrite{}
+	for _, w := range load.acked {
+		if w.rev > want[w.key].rev {
+			want[w.key] = w
+		}
+	}
+	got := map[string]string{}
+	for _, kv := range end.Kvs {
+		got[string(kv.Key)] = string(kv.Value)
+	}
+	for k, w := range want {
+		if got[k] != w.value && !load.failed[k] {
+			t.Fatalf("after splits %s = %q, last acknowledged put wrote %q", k, got[k], w.value)
+		}
+	}
+	if len(got) < len(want) {
+		t.Fatalf("after splits %d keys, %d were written", len(got), len(want))
+	}
+	// Every node routes by the new map.
+	for i, n := range nodes {
+		deadline := time.Now().Add(10 * time.Second)
+		for len(n.Store().Routes()) != initialParts+len(children) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := len(n.Store().Routes()); got != initialParts+len(children) {
+			t.Fatalf("node %d routes by %d partitions, want %d", i, got, initialParts+len(children))
+		}
+	}
+	// Live watches saw everything, once, in order.
+	for _, c := range clients {
+		_ = c.RequestProgress(ctx)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, lv := range lives {
+		for {
+			lv.mu.Lock()
+			n := len(lv.evs)
+			done := n > 0 && lv.evs[n-1].Kv.ModRevision >= maxAcked(load.acked)
+			lv.mu.Unlock()
+			if done || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wcancel()
+	lwg.Wait()
+	for i, lv := range lives {
+		checkSplitHistory(t, fmt.Sprintf("live watch on node %d", i), lv.evs, load, from, upto)
+	}
+	// A watch from before the splits, started after them, replays the
+	// history.
+	for i, c := range clients {
+		evs := watchAll(t, c, from, maxAcked(load.acked))
+		checkSplitHistory(t, fmt.Sprintf("replaying watch on node %d", i), evs, load, from, maxAcked(load.acked))
+	}
+	for i := range nodes {
+		c.Stop(i)
+	}
+	for i := range nodes {
+		c.Start(i)
+	}
+	for i, n := range c.Nodes {
+		if got := len(n.Store().Routes()); got != initialParts+len(children) {
+			t.Fatalf("node %d routes by %d partitions after a restart, want %d", i, got, initialParts+len(children))
+		}
+	}
+	for i, cl := range clients {
+		var kvs []*mvccpb.KeyValue
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			resp, err := cl.Get(ctx, "/registry/pods/", clientv3.WithPrefix())
+			if err == nil {
+				kvs = resp.Kvs
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("get after restart on node %d: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if len(kvs) != len(end.Kvs) {
+			t.Fatalf("node %d: %d keys after a restart, %d before", i, len(kvs), len(end.Kvs))
+		}
+		for j, kv := range kvs {
+			if string(kv.Value) != string(end.Kvs[j].Value) || kv.ModRevision != end.Kvs[j].ModRevision {
+				t.Fatalf("node %d after a restart: %s=%s@%d, before %s=%s@%d", i, kv.Key, kv.Value, kv.ModRevision, end.Kvs[j].Key, end.Kvs[j].Value, end.Kvs[j].ModRevision)
+			}
+		}
+		// The in-memory history is gone: this replays the event logs.
+		evs := watchAll(t, cl, from, maxAcked(load.acked))
+		checkSplitHistory(t, fmt.Sprintf("replaying watch on node %d after a restart", i), evs, load, from, maxAcked(load.acked))
+	}
+}
+
+func maxAcked(ws []splitWrite) int64 {
+	var m int64
+	for _, w := range ws {
+		m = max(m, w.rev)
+	}
+	return m
+}
+
+func TestOnlineSplitUnderLoad(t *testing.T) {
+	testSplitUnderLoad(t, testutil.StartCluster(t, 1, server.Config{}))
+}
+
+func TestOnlineSplitUnderLoadCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	testSplitUnderLoad(t, testutil.StartCluster(t, 3, server.Config{}))
+}

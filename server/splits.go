@@ -1,0 +1,232 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/meta"
+	"github.com/brainkv/brain/partition"
+	"github.com/brainkv/brain/raftgroup"
+)
+
+// The partition map and splits on a node.
+//
+// The map is the initial partitions (the cluster's split points) with the
+// split records replayed over them: the meta group's (every node has a
+// meta replica) and those of this node's own partition replicas, which
+// may be ahead of the meta group's (a partition's leader records its
+// splits there right after it split, or later: reportSplits). Records of
+// one parent come in the parent's order in both; a record waits until
+// its parent is in the map.
+//
+// A split applies on every replica of the parent; each creates the
+// child's replica from the state the split wrote (createSplitChild). A
+// node whose replica of the parent has not applied the split yet refuses
+// to create the child from the child's raft messages (newReplica): the
+// parent's replica would later apply writes to the child's keys below
+// what the child's snapshot brought.
+
+// partitionMap computes the partition map.
+func (s *Server) partitionMap() []kvapi.Route {
+	bounds := append([]string{""}, s.id.SplitPoints...)
+	routes := make(map[uint64]*kvapi.Route)
+	for i, start := range bounds {
+		rt := &kvapi.Route{ID: uint64(kvapi.FirstPartition + i), Start: []byte(start)}
+		if i+1 < len(bounds) {
+			rt.End = []byte(bounds[i+1])
+		}
+		routes[rt.ID] = rt
+	}
+	pending := s.meta.Splits()
+	s.partsMu.Lock()
+	for _, p := range s.parts {
+		if !p.Initialized() {
+			continue
+		}
+		for _, r := range p.Splits() {
+			pending = append(pending, meta.Split{Parent: p.ID(), Child: r.Child, Key: r.Key})
+		}
+	}
+	s.partsMu.Unlock()
+	for progress := true; progress; {
+		progress = false
+		rest := pending[:0]
+		for _, sp := range pending {
+			if routes[sp.Child] != nil {
+				continue // applied (a record appears in meta and locally)
+			}
+			parent := routes[sp.Parent]
+			if parent == nil {
+				rest = append(rest, sp) // its parent is a later record's child
+				continue
+			}
+			if bytes.Compare(sp.Key, parent.Start) <= 0 || len(parent.End) != 0 && bytes.Compare(sp.Key, parent.End) >= 0 {
+				s.log.Error("split record outside its parent's span; ignored", "parent", sp.Parent, "child", sp.Child, "key", fmt.Sprintf("%q", sp.Key))
+				continue
+			}
+			routes[sp.Child] = &kvapi.Route{ID: sp.Child, Start: sp.Key, End: parent.End}
+			parent.End = sp.Key
+			progress = true
+		}
+		pending = rest
+	}
+	out := make([]kvapi.Route, 0, len(routes))
+	for _, rt := range routes {
+		out = append(out, *rt)
+	}
+	return out
+}
+
+// kickRoutes asks the route refresher to recompute the map.
+func (s *Server) kickRoutes() {
+	select {
+	case s.routesKick <- struct{}{}:
+	default:
+	}
+}
+
+// refreshRoutes recomputes the partition map when kicked (and now and
+// then) and installs it in the store until the node stops.
+func (s *Server) refreshRoutes() {
+	s.every(time.Second, s.routesKick, s.installRoutes)
+}
+
+func (s *Server) installRoutes() {
+	s.routesMu.Lock()
+	defer s.routesMu.Unlock()
+	routes := s.partitionMap()
+	if sameRoutes(routes, s.store.Routes()) {
+		return
+	}
+	if err := s.store.SetRoutes(routes); err != nil {
+		s.log.Error("partition map does not cover the keyspace; keeping the previous one", "err", err)
+		return
+	}
+	s.log.Info("partition map changed", "partitions", len(routes))
+}
+
+func sameRoutes(a, b []kvapi.Route) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := make(map[uint64]kvapi.Route, len(a))
+	for _, r := range a {
+		m[r.ID] = r
+	}
+	for _, r := range b {
+		x, ok := m[r.ID]
+		if !ok || !bytes.Equal(x.Start, r.Start) || !bytes.Equal(x.End, r.End) {
+			return false
+		}
+	}
+	return true
+}
+
+// onSplit runs on the raft worker after partition parent split here.
+func (s *Server) onSplit(parent uint64, rec partition.SplitRecord) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.createSplitChild(parent, rec.Child)
+		s.kickRoutes()
+	}()
+}
+
+// createSplitChild opens the replica of child that parent's split created
+// here.
+func (s *Server) createSplitChild(parent, child uint64) {
+	select {
+	case <-s.stopc:
+		return
+	default:
+	}
+	s.partsMu.Lock()
+	if s.parts[child] != nil {
+		s.partsMu.Unlock()
+		return // created from a message first (newReplica)
+	}
+	p, err := s.newPartition(child, nil, nil)
+	if err != nil {
+		s.partsMu.Unlock()
+		s.log.Error("opening a split's new partition", "parent", parent, "child", child, "err", err)
+		return
+	}
+	s.parts[child] = p
+	s.partsMu.Unlock()
+	// Not under partsMu: newReplica takes it under the host's lock. If a
+	// message created the group meanwhile, newReplica gave it this p.
+	g, err := s.host.CreateGroupConf(child, nil, p)
+	if err == nil {
+		p.Bind(g)
+	} else if g = s.host.Group(child); g == nil {
+		s.log.Error("creating a split's new group", "parent", parent, "child", child, "err", err)
+		return
+	}
+	s.store.SetLocal(child, p)
+	// The parent's leader leads the child first: no election to wait for.
+	if pg := s.host.Group(parent); pg != nil && pg.Status().IsLeader {
+		g.Campaign()
+	}
+	s.log.Info("split created a partition", "parent", parent, "child", child)
+}
+
+// splitChildAllowed reports whether a replica of partition id may be
+// created here from a raft message (under the host's lock): if the split
+// that made it left its state here, or if the partition map knows it and
+// no replica here overlaps it or lacks its span yet (see the file
+// comment).
+func (s *Server) splitChildAllowed(id uint64) bool {
+	if id < meta.FirstAllocatedPartition {
+		return true // an initial partition
+	}
+	if has, err := raftgroup.HasState(s.db, id); err == nil && has {
+		return true
+	}
+	var rt *kvapi.Route
+	for _, r := range s.partitionMap() {
+		if r.ID == id {
+			rt = &r
+			break
+		}
+	}
+	if rt == nil {
+		return false
+	}
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	for _, p := range s.parts {
+		if !p.Initialized() {
+			return false
+		}
+		start, end := p.Span()
+		if (len(end) == 0 || bytes.Compare(rt.Start, end) < 0) && (len(rt.End) == 0 || bytes.Compare(start, rt.End) < 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// reportSplits records the splits of the partitions this node leads that
+// the meta group lacks, until the node stops.
+func (s *Server) reportSplits() {
+	s.every(time.Second, nil, func() {
+		for _, p := range s.servingPartitions() {
+			if len(p.Splits()) == 0 || !p.IsLeader() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := s.store.ReportSplits(ctx, p); err != nil {
+				s.log.Warn("recording splits in the partition map failed; will retry", "partition", p.ID(), "err", err)
+			}
+			cancel()
+		}
+	})
+}
+
+// Split splits the partition holding key at key (see kvapi.Store.Split).
+func (s *Server) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
+	return s.store.Split(ctx, key)
+}
