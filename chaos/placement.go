@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -19,7 +21,54 @@ import (
 //     and the balancer. A transfer that does not happen is no violation;
 //     a write it fails or a revision it skips would be caught by the
 //     checkers as for any fault.
-var PlacementFaultNames = []string{"transfer"}
+//   - split: a random node is asked (POST /brain/v1/split) to split the
+//     partition holding a random key of splitKeys at that key, under load;
+//     then the fault holds (the load runs on the new partitions). Each key
+//     splits once per cluster; a refused split is no violation.
+var PlacementFaultNames = []string{"transfer", "split"}
+
+// splitKeys are where the split fault cuts partitions: namespace
+// boundaries inside the kube resources' partitions, so that no workload
+// transaction (single keys, and keys of one lease or register prefix)
+// comes to span two partitions.
+func splitKeys() []string {
+	var keys []string
+	for _, r := range kubeResources {
+		for _, ns := range []string{"ns1", "ns2"} {
+			keys = append(keys, fmt.Sprintf("/registry/%s/%s", r, ns))
+		}
+	}
+	return keys
+}
+
+// split asks a random running node to split at a random key of
+// splitKeys; it returns the key and the answer.
+func (c *Cluster) split(ctx context.Context, rng *rand.Rand) (string, string) {
+	keys := splitKeys()
+	key := keys[rng.Intn(len(keys))]
+	var up []*Node
+	for _, n := range c.Nodes {
+		if n.Up() {
+			up = append(up, n)
+		}
+	}
+	if len(up) == 0 {
+		return key, "no node up"
+	}
+	n := up[rng.Intn(len(up))]
+	hc := http.Client{Timeout: time.Minute}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s/brain/v1/split?key=%s", n.Endpoint(), url.QueryEscape(key)), nil)
+	if err != nil {
+		return key, err.Error()
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return key, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return key, fmt.Sprintf("%s via %s: %s", resp.Status, n.Name, strings.TrimSpace(string(b)))
+}
 
 // nodeGroups is the part of a node's /brain/v1/status the faults read.
 type nodeGroups struct {
