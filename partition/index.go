@@ -64,6 +64,29 @@ func (x *keyIndex) del(key string) {
 	x.mu.Unlock()
 }
 
+func (x *keyIndex) len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.t.Len()
+}
+
+// nth returns the n-th key (0-based) in order, or nil.
+func (x *keyIndex) nth(n int) []byte {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var out []byte
+	i := 0
+	x.t.Ascend(func(it indexItem) bool {
+		if i == n {
+			out = []byte(it.key)
+			return false
+		}
+		i++
+		return true
+	})
+	return out
+}
+
 // dropFrom removes the keys >= key (they left with a split).
 func (x *keyIndex) dropFrom(key string) {
 	x.mu.Lock()

@@ -176,6 +176,8 @@ type Partition struct {
 	// round (not yet committed), for a split in the same round; owned by
 	// the apply goroutine.
 	roundEvents map[int64][]byte
+	// load counts the leader's writes for the split driver (split.go).
+	load loadStats
 	// splits are the partition's split records (split.go).
 	splits  atomic.Pointer[[]SplitRecord]
 	onSplit func(SplitRecord)
@@ -251,6 +253,7 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p.lagGauge = cfg.Metrics.closedLag.WithLabelValues(strconv.FormatUint(cfg.ID, 10))
 	p.prop.inflight = list.New()
+	p.load.rng = cfg.ID*0x9E3779B97F4A7C15 | 1
 	p.prop.unapplied = make(map[int64]int)
 	p.sp.Store(&span{start: cfg.Start, end: cfg.End})
 	if err := p.loadSpan(cfg.Start != nil || cfg.End != nil); err != nil {
@@ -807,6 +810,9 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 	}
 	switch res.reject {
 	case accepted:
+		if len(v.changes) > 0 {
+			p.load.note(v.changes[0].key)
+		}
 		return resp, nil
 	case rejectClosed:
 		return nil, errRetry

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
+	"sync"
 
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/raftgroup"
@@ -327,4 +329,67 @@ func (p *Partition) Covers(key, end []byte) bool {
 		return true
 	}
 	return len(end) != 0 && bytes.Compare(end, sp.end) <= 0
+}
+
+// Load and size, for automatic splits (the server's split driver).
+
+// loadStats counts the writes a leader applies and samples their keys
+// (reservoir sampling), per window; TakeLoad ends a window.
+type loadStats struct {
+	mu     sync.Mutex
+	writes int64    // protected by mu
+	sample [][]byte // protected by mu
+	rng    uint64   // protected by mu
+}
+
+const loadSampleSize = 512
+
+func (l *loadStats) note(key []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.writes++
+	if len(l.sample) < loadSampleSize {
+		l.sample = append(l.sample, key)
+		return
+	}
+	// xorshift: cheap and good enough for sampling.
+	l.rng ^= l.rng << 13
+	l.rng ^= l.rng >> 7
+	l.rng ^= l.rng << 17
+	if i := l.rng % uint64(l.writes); i < loadSampleSize {
+		l.sample[i] = key
+	}
+}
+
+// TakeLoad returns the writes this replica evaluated as leader since the
+// last call, and the median of a sample of their keys (nil if none lies
+// strictly inside the span); it starts a new window.
+func (p *Partition) TakeLoad() (writes int64, median []byte) {
+	l := &p.load
+	l.mu.Lock()
+	writes, sample := l.writes, l.sample
+	l.writes, l.sample = 0, nil
+	l.mu.Unlock()
+	sort.Slice(sample, func(i, j int) bool { return bytes.Compare(sample[i], sample[j]) < 0 })
+	// The median, or the nearest key after it that can split (a hot key
+	// sampled often cannot split from itself).
+	for i := len(sample) / 2; i < len(sample); i++ {
+		if p.SplitKeyOK(sample[i]) {
+			return writes, sample[i]
+		}
+	}
+	return writes, nil
+}
+
+// Keys returns the number of keys (live or deleted but not yet purged) in
+// the partition's index.
+func (p *Partition) Keys() int { return p.index.len() }
+
+// MedianKey returns the middle key of the index, if it can split.
+func (p *Partition) MedianKey() []byte {
+	k := p.index.nth(p.index.len() / 2)
+	if k == nil || !p.SplitKeyOK(k) {
+		return nil
+	}
+	return k
 }

@@ -135,6 +135,20 @@ type Config struct {
 	// current members and moves one (rebalance.go); default 10s, negative
 	// disables rebalancing.
 	RebalanceInterval time.Duration
+	// SplitKeys (--split-keys): a partition whose leader holds more keys
+	// splits at its middle key; default 250000, negative: never.
+	SplitKeys int
+	// SplitWriteRate (--split-write-rate): a partition whose leader
+	// evaluated more writes per second than this over a SplitWindow
+	// splits at the middle of a sample of the keys written, so a hot key
+	// range spreads over partitions (and, placed by the leader balancer
+	// and the rebalancer, over nodes); default 0: never. Splits can make a
+	// multi-key txn that spanned the split key cross-partition (refused):
+	// Kubernetes writes one key per txn.
+	SplitWriteRate float64
+	// SplitWindow (--split-window) is how often leaders check their
+	// partitions' size and write rate; default 10s.
+	SplitWindow time.Duration
 
 	// Logger; default: JSON to stderr at LogLevel.
 	Logger *slog.Logger
@@ -233,6 +247,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.RebalanceInterval == 0 {
 		c.RebalanceInterval = 10 * time.Second
+	}
+	if c.SplitKeys == 0 {
+		c.SplitKeys = 250000
+	}
+	if c.SplitWindow <= 0 {
+		c.SplitWindow = 10 * time.Second
 	}
 	if c.Join != "" {
 		c.InitialClusterState = "existing"

@@ -60,12 +60,14 @@ type Server struct {
 	// serializes installing maps.
 	routesKick chan struct{}
 	routesMu   sync.Mutex
-	closeFwd   []*forwardCloser
-	store      *kvapi.Store
-	hub        *etcdcompat.Hub
-	etcd       *etcdcompat.Server
-	grpc       *grpc.Server
-	quota      *quota
+	// splits counts the splits this node started, by reason.
+	splits   *prometheus.CounterVec
+	closeFwd []*forwardCloser
+	store    *kvapi.Store
+	hub      *etcdcompat.Hub
+	etcd     *etcdcompat.Server
+	grpc     *grpc.Server
+	quota    *quota
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
@@ -103,6 +105,10 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
 		routesKick: make(chan struct{}, 1)}
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.splits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_partition_splits_total", Help: "Partition splits this node started, by reason (manual, size, load).",
+	}, []string{"reason"})
+	s.registry.MustRegister(s.splits)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
@@ -335,9 +341,10 @@ func (s *Server) open() error {
 	s.store.StartLeaseExpiry(500 * time.Millisecond)
 	s.quota.start()
 	s.meta.SetOnSplits(s.kickRoutes)
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.refreshRoutes()
 	go s.reportSplits()
+	go s.splitDriver()
 	if s.clustered() {
 		s.wg.Add(3)
 		go s.balanceLeaders()

@@ -342,3 +342,85 @@ func TestOnlineSplitUnderLoadCluster(t *testing.T) {
 	}
 	testSplitUnderLoad(t, testutil.StartCluster(t, 3, server.Config{}))
 }
+
+// TestAutomaticSplits: a partition over --split-keys splits at its middle
+// key, and one taking more than --split-write-rate splits where the
+// writes go; the writes and a watch through the splits stay exact.
+func TestAutomaticSplits(t *testing.T) {
+	t.Run("size", func(t *testing.T) {
+		testAutomaticSplits(t, server.Config{SplitKeys: 300, SplitWindow: 300 * time.Millisecond}, "size")
+	})
+	t.Run("load", func(t *testing.T) {
+		testAutomaticSplits(t, server.Config{SplitKeys: -1, SplitWriteRate: 50, SplitWindow: 300 * time.Millisecond}, "load")
+	})
+}
+
+func testAutomaticSplits(t *testing.T, cfg server.Config, reason string) {
+	cfg.InitialSplitPoints = []string{"/registry/pods/"}
+	c := testutil.StartCluster(t, 1, cfg)
+	n := c.Nodes[0]
+	cl := testutil.Client(t, c.Endpoint(0))
+	ctx := context.Background()
+	start, err := cl.Get(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := start.Header.Revision + 1
+	initial := len(n.Store().Routes())
+	load := &splitLoad{failed: map[string]bool{}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go load.run(ctx, cl, w, stop, &wg)
+	}
+	splits := func() float64 {
+		mfs, err := n.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum float64
+		for _, mf := range mfs {
+			if mf.GetName() != "brain_partition_splits_total" {
+				continue
+			}
+			for _, m := range mf.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "reason" {
+						if l.GetValue() != reason {
+							t.Fatalf("a split by %s, want only by %s", l.GetValue(), reason)
+						}
+						sum += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return sum
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(n.Store().Routes()) < initial+2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	routes := n.Store().Routes()
+	if len(routes) < initial+2 || splits() < 2 {
+		t.Fatalf("%d partitions (%v splits by %s) after writing, want at least %d", len(routes), splits(), reason, initial+2)
+	}
+	inPods := 0
+	for _, rt := range routes {
+		if string(rt.Start) >= "/registry/pods/" {
+			inPods++
+		}
+	}
+	if inPods < 3 {
+		t.Fatalf("the written range /registry/pods/ spans %d partitions, want it split", inPods)
+	}
+	for _, err := range load.errs {
+		t.Errorf("write error: %v", err)
+	}
+	upto := maxAcked(load.acked)
+	evs := watchAll(t, cl, from, upto)
+	checkSplitHistory(t, "watch through automatic splits", evs, load, from, upto)
+	t.Logf("%d partitions, %d writes", len(routes), len(load.acked))
+}

@@ -226,7 +226,49 @@ func (s *Server) reportSplits() {
 	})
 }
 
+// minLoadSplitKeys is the fewest keys a partition splits by load with:
+// the load of fewer is too concentrated to spread by splitting.
+const minLoadSplitKeys = 64
+
+// splitDriver splits the partitions this node leads that grew past
+// --split-keys or took more than --split-write-rate writes per second
+// over the last window, until the node stops.
+func (s *Server) splitDriver() {
+	s.every(s.cfg.SplitWindow, nil, func() {
+		for _, p := range s.servingPartitions() {
+			if !p.IsLeader() {
+				continue
+			}
+			writes, hot := p.TakeLoad()
+			var key []byte
+			var reason string
+			switch rate := float64(writes) / s.cfg.SplitWindow.Seconds(); {
+			case s.cfg.SplitKeys > 0 && p.Keys() > s.cfg.SplitKeys:
+				key, reason = p.MedianKey(), "size"
+			case s.cfg.SplitWriteRate > 0 && rate > s.cfg.SplitWriteRate && p.Keys() >= minLoadSplitKeys:
+				key, reason = hot, "load"
+			}
+			if key == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			parent, child, err := s.store.Split(ctx, key)
+			cancel()
+			if err != nil {
+				s.log.Warn("automatic split failed", "partition", p.ID(), "reason", reason, "key", fmt.Sprintf("%q", key), "err", err)
+				continue
+			}
+			s.splits.WithLabelValues(reason).Inc()
+			s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", key), "writes", writes, "keys", p.Keys())
+		}
+	})
+}
+
 // Split splits the partition holding key at key (see kvapi.Store.Split).
 func (s *Server) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
-	return s.store.Split(ctx, key)
+	parent, child, err = s.store.Split(ctx, key)
+	if err == nil {
+		s.splits.WithLabelValues("manual").Inc()
+	}
+	return parent, child, err
 }

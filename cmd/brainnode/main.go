@@ -91,6 +91,9 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
 	f.DurationVar(&cfg.RebalanceInterval, "rebalance-interval", 10*time.Second, "brain: how often a partition's leader moves a replica toward the placement over the current members, so nodes that joined get their share of replicas and leaderships (negative: never).")
+	f.IntVar(&cfg.SplitKeys, "split-keys", 250000, "brain: a partition with more keys than this splits at its middle key (negative: never).")
+	f.Float64Var(&cfg.SplitWriteRate, "split-write-rate", 0, "brain: a partition taking more writes per second than this over --split-window splits at the middle of the keys written, so a hot key range spreads over partitions and nodes (0: never). A split can make a multi-key txn across the split key cross-partition (refused); Kubernetes writes one key per txn.")
+	f.DurationVar(&cfg.SplitWindow, "split-window", 10*time.Second, "brain: how often partition leaders check size and write rate for splits.")
 	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), splitCmd(), snapshotCmd(), migrateCmd(), versionCmd())
 	return cmd
 }
