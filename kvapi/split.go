@@ -1,6 +1,7 @@
 package kvapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,9 @@ import (
 func (s *Store) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
 	defer cancel()
+	if rt := s.table().routeFor(key); bytes.Equal(rt.Start, key) {
+		return 0, 0, partition.ErrBadSplitKey // a boundary already
+	}
 	err = s.metaCall(ctx, OpMetaAllocPartition, func() error {
 		id, err := s.meta.AllocPartitionID(ctx)
 		child = id

@@ -220,6 +220,11 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 	if _, err := c.Delete(ctx, "b/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
+	// A backup after a split keeps the split (the restored store starts
+	// with it as a split point).
+	if _, _, err := s.Split(ctx, []byte("d/")); err != nil {
+		t.Fatal(err)
+	}
 	mid, _ := c.Put(ctx, "m/x", "1")
 	if _, err := c.Compact(ctx, mid.Header.Revision-50, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
@@ -241,6 +246,9 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 	}
 	r := testutil.StartBrain(t, server.Config{DataDir: dir})
 	rc := testutil.Client(t, testutil.Endpoint(r))
+	if got, want := len(r.Store().Routes()), len(s.Store().Routes()); got != want {
+		t.Fatalf("restored store has %d partitions, the backed up one %d", got, want)
+	}
 	after, err := rc.Get(ctx, "\x00", clientv3.WithFromKey())
 	if err != nil {
 		t.Fatal(err)

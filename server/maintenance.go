@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,9 +51,12 @@ var errNotAllPartitions = errors.New("brain: this node does not hold a replica o
 // closedRevision waits until every partition has closed the current
 // revision and returns it: a consistent cut of the store.
 func (m *maintenance) closedRevision(ctx context.Context) (int64, error) {
-	parts := m.s.servingPartitions()
-	if len(parts) != len(m.s.id.SplitPoints)+1 {
-		return 0, errNotAllPartitions
+	var parts []*partition.Partition
+	for _, rt := range m.s.store.Routes() {
+		if rt.Local == nil {
+			return 0, errNotAllPartitions
+		}
+		parts = append(parts, rt.Local)
 	}
 	rev := m.s.store.CurrentRevision()
 	m.s.store.RequestClose(rev)
@@ -62,6 +66,19 @@ func (m *maintenance) closedRevision(ctx context.Context) (int64, error) {
 		}
 	}
 	return rev, nil
+}
+
+// splitPoints returns the starts of the partitions of the current map
+// (after splits, more than the initial split points).
+func (s *Server) splitPoints() []string {
+	var out []string
+	for _, rt := range s.store.Routes() {
+		if len(rt.Start) > 0 {
+			out = append(out, string(rt.Start))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // HashKV hashes, in key order, every version with a revision in
@@ -115,7 +132,7 @@ func (m *maintenance) Snapshot(ctx context.Context, send func([]byte, uint64) er
 	hdr := snapshot.Header{
 		Revision:        rev,
 		CompactRevision: min(m.s.meta.CompactRevision(), rev),
-		SplitPoints:     m.s.id.SplitPoints,
+		SplitPoints:     m.s.splitPoints(),
 		ClusterID:       m.s.id.ClusterID,
 		MemberID:        m.s.id.MemberID,
 	}
