@@ -62,7 +62,15 @@ func (s *Store) splitLocal(ctx context.Context, p *partition.Partition, key []by
 	if !p.Contains(key) {
 		return partition.ErrOutsideRange
 	}
-	if err := p.Split(ctx, key, child); err != nil {
+	if s.groupLock != nil {
+		mu := s.groupLock(p.ID())
+		mu.Lock()
+		err := p.Split(ctx, key, child)
+		mu.Unlock()
+		if err != nil {
+			return err
+		}
+	} else if err := p.Split(ctx, key, child); err != nil {
 		return err
 	}
 	return s.ReportSplits(ctx, p)

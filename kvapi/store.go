@@ -120,6 +120,10 @@ type Config struct {
 	Alive func(node uint64) bool
 	// ClusterInfo describes the cluster to a joining node (OpClusterInfo).
 	ClusterInfo func() ([]byte, error)
+	// GroupLock, if set, returns the lock that serializes a group's
+	// planned leadership transfers; a split holds it too (both drain the
+	// leader's writes).
+	GroupLock func(group uint64) *sync.Mutex
 }
 
 // Store routes requests to the partitions (and the TSO and meta group)
@@ -152,6 +156,7 @@ type Store struct {
 	groups      func(uint64) (raftgroup.Status, bool)
 	alive       func(uint64) bool
 	clusterInfo func() ([]byte, error)
+	groupLock   func(uint64) *sync.Mutex
 
 	// acked is the highest revision a write through this store has been
 	// acknowledged with. Serializable reads never read below it, so a
@@ -178,7 +183,7 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
 		leaderHint: cfg.LeaderHint, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
-		groups: cfg.Groups, alive: cfg.Alive, clusterInfo: cfg.ClusterInfo,
+		groups: cfg.Groups, alive: cfg.Alive, clusterInfo: cfg.ClusterInfo, groupLock: cfg.GroupLock,
 		stopc: make(chan struct{})}
 	s.slots.m = make(map[uint64]*slot)
 	s.feeders.m = make(map[uint64]bool)

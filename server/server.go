@@ -119,7 +119,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.log.Info("brain node ready", "name", s.id.Name, "member-id", formatID(s.id.MemberID),
 		"members", len(s.id.Members), "client-urls", s.clientURL, "data-dir", cfg.DataDir,
-		"partitions", len(s.id.SplitPoints)+1, "known-revision", s.tso.Known())
+		"partitions", len(s.store.Routes()), "known-revision", s.tso.Known())
 	return s, nil
 }
 
@@ -264,7 +264,7 @@ func (s *Server) open() error {
 	if s.store, err = kvapi.NewStore(kvapi.Config{
 		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
 		RPC: s.rpc, LeaderHint: s.leaderHint, Logger: s.log, Quota: s.quota.check,
-		Groups: s.groupStatus, Alive: s.alive, ClusterInfo: s.clusterInfo,
+		Groups: s.groupStatus, Alive: s.alive, ClusterInfo: s.clusterInfo, GroupLock: s.transferLock,
 	}); err != nil {
 		return err
 	}

@@ -424,3 +424,88 @@ func testAutomaticSplits(t *testing.T, cfg server.Config, reason string) {
 	checkSplitHistory(t, "watch through automatic splits", evs, load, from, upto)
 	t.Logf("%d partitions, %d writes", len(routes), len(load.acked))
 }
+
+// TestSplitsSpreadOverNodes: the partitions split off a hot range get
+// their own placement - the rebalancer moves their replicas and the
+// leader balancer their leaderships - so the range's writes spread over
+// the nodes of a cluster larger than the replication factor.
+func TestSplitsSpreadOverNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 4-node cluster")
+	}
+	c := testutil.StartCluster(t, 4, server.Config{InitialSplitPoints: []string{"/registry/pods/"}, RebalanceInterval: time.Second})
+	ctx := context.Background()
+	cl := testutil.Client(t, c.Endpoint(0))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, err := cl.Put(ctx, "/registry/pods/a", "1")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, k := range []string{"/registry/pods/b", "/registry/pods/c", "/registry/pods/d"} {
+		if _, _, err := c.Nodes[0].Split(ctx, []byte(k)); err != nil {
+			t.Fatalf("split at %s: %v", k, err)
+		}
+	}
+	// Where each pods partition's leader and voters are.
+	placement := func() (leaders map[uint64]bool, voterSets map[string]bool, ok bool) {
+		leaders, voterSets = map[uint64]bool{}, map[string]bool{}
+		for _, rt := range c.Nodes[0].Store().Routes() {
+			if string(rt.Start) < "/registry/pods/" {
+				continue
+			}
+			var lead uint64
+			for _, n := range c.Nodes {
+				if st, ok := n.GroupStatus(rt.ID); ok && st.IsLeader {
+					lead = n.MemberID()
+					voters := append([]uint64(nil), st.Voters...)
+					sort.Slice(voters, func(i, j int) bool { return voters[i] < voters[j] })
+					voterSets[fmt.Sprint(voters)] = true
+				}
+			}
+			if lead == 0 {
+				return nil, nil, false
+			}
+			leaders[lead] = true
+		}
+		return leaders, voterSets, true
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		leaders, sets, ok := placement()
+		if ok && len(leaders) >= 3 && len(sets) >= 2 {
+			t.Logf("pods partitions led by %d nodes, on %d replica sets", len(leaders), len(sets))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 90s the 4 pods partitions are led by %d nodes, on %d replica sets: want >= 3 leaders and >= 2 sets", len(leaders), len(sets))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Every partition serves, through every node.
+	for i := range c.Nodes {
+		ci := testutil.Client(t, c.Endpoint(i))
+		for _, k := range []string{"a", "b", "c", "d"} {
+			key := "/registry/pods/" + k
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			_, err := ci.Put(wctx, key, fmt.Sprint(i))
+			cancel()
+			if err != nil {
+				t.Fatalf("put %s through node %d: %v", key, i, err)
+			}
+		}
+	}
+	g, err := cl.Get(ctx, "/registry/pods/", clientv3.WithPrefix())
+	if err != nil || g.Count != 4 {
+		t.Fatalf("pods after the moves: %v %v", g, err)
+	}
+	for _, kv := range g.Kvs {
+		if string(kv.Value) != fmt.Sprint(len(c.Nodes)-1) {
+			t.Fatalf("%s = %s, want the last write's %d", kv.Key, kv.Value, len(c.Nodes)-1)
+		}
+	}
+}
