@@ -16,8 +16,9 @@
 # Workloads: "spread" writes creates over RESOURCES (one partition each:
 # brain's --initial-split-points are the resources' prefixes); "hot" (with
 # --hot 1, the default) writes every create under /registry/pods/, the case
-# only load-based splitting can spread (brain splits statically today, so
-# this series shows that limit honestly).
+# only load-based splitting can spread: brain runs it with HOT_FLAGS
+# (load-based splits, fast rebalancing) and HOT_WARMUP warm-up puts under
+# the prefix, then waits HOT_SETTLE for replicas and leaders to move.
 #
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
@@ -37,8 +38,11 @@ SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
 SEED=${SEED:-1}
 BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn} # extra brainnode flags
+HOT_FLAGS=${HOT_FLAGS:---split-write-rate 100 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
+HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
+HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 
-FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED BRAIN_FLAGS"
+FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -76,10 +80,10 @@ docker network create "$NET" >/dev/null
 # split points: the prefix of every resource, sorted.
 SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -sd, -)
 
-# start_cluster KIND N: start N containers; sets EPS (their client
-# endpoints, comma separated).
+# start_cluster KIND N [EXTRA_FLAGS]: start N containers; sets EPS (their
+# client endpoints, comma separated).
 start_cluster() {
-	local kind=$1 n=$2 i initial="" eps=() name
+	local kind=$1 n=$2 extra=${3:-} i initial="" eps=() name
 	for ((i = 1; i <= n; i++)); do
 		initial+="${initial:+,}n$i=http://$PREFIX-$kind$i:2380"
 	done
@@ -90,7 +94,7 @@ start_cluster() {
 			--initial-advertise-peer-urls "http://$name:2380" --initial-cluster "$initial")
 		if [[ $kind == brain ]]; then
 			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
-			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS)
+			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
 		fi
 		docker run -d --name "$name" --hostname "$name" --network "$NET" \
 			--cpus "$CPUS" --memory "$MEMORY" --tmpfs /tmp \
@@ -122,8 +126,15 @@ stop_cluster() {
 measure() {
 	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3.json
 	local common=(--endpoints "$EPS" --clients "$CLIENTS" --conns "$CONNS" --value-size "$VALUE_SIZE" --seed "$SEED")
-	say "$kind, $n node(s), $workload: $WARMUP warm-up puts, then $TOTAL creates"
-	"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
+	local warmup=$WARMUP
+	[[ $workload == hot && $kind == brain ]] && warmup=$HOT_WARMUP
+	say "$kind, $n node(s), $workload: $warmup warm-up puts, then $TOTAL creates"
+	"$BIN/brainbench" put "${common[@]}" --total "$warmup" --keys "$warmup" --resources "$res" --quiet >/dev/null 2>&1 || true
+	if [[ $workload == hot && $kind == brain ]]; then
+		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
+		sleep "$HOT_SETTLE"
+		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
+	fi
 	if ! "$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json"; then
 		say "$kind, $n node(s), $workload: FAILED"
 		FAILED=1
@@ -149,7 +160,7 @@ for n in $SIZES; do
 		stop_cluster "$kind" "$n"
 		if [[ $HOT == 1 && $kind == brain ]]; then
 			# A fresh cluster, so the creates find no keys of the first run.
-			if start_cluster "$kind" "$n"; then
+			if start_cluster "$kind" "$n" "$HOT_FLAGS"; then
 				measure "$kind" "$n" hot pods
 			else
 				FAILED=1

@@ -3,7 +3,7 @@
 //
 // Every replica on a node (raft groups of partitions, the TSO and the meta
 // group) shares one Pebble. Sharing is what lets the raft log writes of many
-// groups ride one WAL sync, and what lets a split (a later issue) hand a
+// groups ride one WAL sync, and what lets a split hand a
 // key range to a new group without copying data.
 //
 // # Keyspace

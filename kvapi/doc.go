@@ -22,6 +22,9 @@
 // never below any acknowledged write, also for reads at older revisions and
 // for failed compares.
 //
-// The cluster issue adds the inter-node gRPC API and a partition map cache
-// refreshed on epoch mismatch; today every partition is local.
+// Requests are routed by a routing table (the partition map, replaced by
+// SetRoutes when partitions split); a partition that no longer covers
+// what a request asks (ErrOutsideRange) makes the request run again with a
+// newer table (Store.routed): the span plays the part of TiKV's region
+// epoch. Store.Split splits a partition through its leader (split.go).
 package kvapi

@@ -21,4 +21,10 @@
 //
 // The compaction revision is recorded here first; reads below it are
 // refused cluster-wide from then on, and partitions collect garbage after.
+//
+// # Partition map
+//
+// The split records (splits.go), appended by the split partitions'
+// leaders, and the allocator of new partition IDs. Nodes replay the records
+// over the initial partitions to route.
 package meta

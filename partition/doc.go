@@ -67,5 +67,18 @@
 //
 // Reads at revision R wait until R is closed here and then read Pebble: the
 // versions at or below a closed revision never change (compaction removes
-// only versions no read may ask for).
+// only versions no read may ask for). A read checks after reading that the
+// span still covers what it was asked for, and answers ErrOutsideRange if
+// a split shrank it meanwhile (spans only shrink), so the caller routes
+// again.
+//
+// # Splits
+//
+// Split (split.go) cuts the span through the raft log: every replica
+// applies it at the same index, and the new right-hand partition starts
+// with the parent's closed revision, its keys' event records and raft
+// bootstrap state, with no MVCC data moved. Writes outside the span are
+// rejected at apply. A subscription carries the partition's split records
+// (Subscription.Splits) and ends at a split, so a subscriber learns of the
+// child before any closed revision above the split.
 package partition

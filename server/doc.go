@@ -14,7 +14,8 @@
 //	rebalance.go   moving replicas to the placement over current members
 //	replicas.go    this node's replicas over time: added, removed, repaired
 //	move.go        manual replica moves (brainnode move-replica)
-//	admin.go       the operator API (status, transfer-leader, move-replica)
+//	splits.go      the partition map, split partitions' replicas, automatic splits
+//	admin.go       the operator API (status, transfer-leader, move-replica, split)
 //	maintenance.go etcd's Maintenance service (status, hash, snapshot)
 //	restore.go     restoring a backup into a new data directory
 //	quota.go       the backend quota and its NOSPACE alarm
