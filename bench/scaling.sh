@@ -37,12 +37,13 @@ HOT=${HOT:-1}                     # 1: also measure the one-prefix load
 SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
 SEED=${SEED:-1}
+HASHED=${HASHED:-1}               # 1: brainbench --hashed-names (writes anywhere under a prefix, as generated names)
 BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn} # extra brainnode flags
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 100 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 
-FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
+FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -126,6 +127,7 @@ stop_cluster() {
 measure() {
 	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3.json
 	local common=(--endpoints "$EPS" --clients "$CLIENTS" --conns "$CONNS" --value-size "$VALUE_SIZE" --seed "$SEED")
+	[[ $HASHED == 1 ]] && common+=(--hashed-names)
 	local warmup=$WARMUP
 	[[ $workload == hot && $kind == brain ]] && warmup=$HOT_WARMUP
 	say "$kind, $n node(s), $workload: $warmup warm-up puts, then $TOTAL creates"

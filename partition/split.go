@@ -25,9 +25,11 @@ import (
 //   - the new spans of both partitions;
 //   - the child's state: its closed revision starts at the parent's closed
 //     revision Cs after the split, its compaction revision at the parent's;
-//   - the child's event log: the parent's records of the keys that move
-//     (and the parent's records lose them), so each partition's log
-//     holds exactly the events of its own keys;
+//   - the child's event log: copies of the parent's records of the keys
+//     that move. The parent keeps its records whole: a subscription to
+//     the parent resumed from below the split must deliver every event the
+//     parent published before it, whatever keys (the child's feed starts
+//     above the split). Reads of the log by key range filter by key;
 //   - the child's raft bootstrap state: the parent's configuration at the
 //     split entry, at raftgroup.InitialIndex, identical on every replica;
 //   - a SplitRecord in the parent's state.
@@ -220,8 +222,10 @@ func (p *Partition) applySplit(ac *raftgroup.ApplyContext, e *raftpb.Entry, c *c
 			panic(fmt.Errorf("partition %d: split: %w", p.id, err))
 		}
 	}
-	if err := p.moveEvents(b, key, sp.end, child, !has); err != nil {
-		panic(fmt.Errorf("partition %d: split: moving event records: %w", p.id, err))
+	if !has {
+		if err := p.copyEvents(b, key, sp.end, child); err != nil {
+			panic(fmt.Errorf("partition %d: split: copying event records: %w", p.id, err))
+		}
 	}
 	closed := p.sm.closed
 	ac.AfterCommit(func() {
@@ -241,9 +245,9 @@ func (p *Partition) applySplit(ac *raftgroup.ApplyContext, e *raftpb.Entry, c *c
 	return applyResult{}
 }
 
-// moveEvents moves the events of keys >= key from this partition's event
-// log (committed, and this round's records) to child's (if copy).
-func (p *Partition) moveEvents(b *pebble.Batch, key, end []byte, child uint64, copy bool) error {
+// copyEvents copies the events of keys in [key, end) from this
+// partition's event log (committed, and this round's records) to child's.
+func (p *Partition) copyEvents(b *pebble.Batch, key, end []byte, child uint64) error {
 	lo, hi := p.eventBounds()
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -254,29 +258,14 @@ func (p *Partition) moveEvents(b *pebble.Batch, key, end []byte, child uint64, c
 		if err != nil {
 			return err
 		}
-		// Keys at or above end left with an earlier split of this round.
-		var stay, moved []mutation
+		// Keys at or above end left with an earlier split.
+		var moved []mutation
 		for _, m := range muts {
-			switch {
-			case bytes.Compare(m.key, key) < 0:
-				stay = append(stay, m)
-			case len(end) == 0 || bytes.Compare(m.key, end) < 0:
+			if bytes.Compare(m.key, key) >= 0 && (len(end) == 0 || bytes.Compare(m.key, end) < 0) {
 				moved = append(moved, m)
 			}
 		}
-		if len(stay) == len(muts) {
-			return nil
-		}
-		rec := encodeEventRecord(stay)
-		if _, ok := p.roundEvents[rev]; ok {
-			p.roundEvents[rev] = rec
-		}
-		if len(stay) == 0 {
-			mustDelete(b, eventKey(p.id, rev))
-		} else {
-			mustSet(b, eventKey(p.id, rev), rec)
-		}
-		if copy {
+		if len(moved) > 0 {
 			mustSet(b, eventKey(child, rev), encodeEventRecord(moved))
 		}
 		return nil

@@ -82,7 +82,9 @@ func TestSplit(t *testing.T) {
 	if err != nil || len(kvs) != 2 {
 		t.Fatalf("scan of the parent's keys: %v %v", kvs, err)
 	}
-	// Each event log holds exactly its keys' events.
+	// Each event log holds its keys' events; the parent's keeps the
+	// child's older ones for its own feed (subscriptions resumed from
+	// below the split), and reads by range filter them.
 	evs, _, _, err := p.Events(1, p.Closed(), []byte(""), []byte("m"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -114,13 +116,21 @@ func TestSplit(t *testing.T) {
 	if has, err := raftgroup.HasState(db, 200); err != nil || !has {
 		t.Fatalf("child's raft bootstrap state: %v %v", has, err)
 	}
-	// A subscription carries the split.
+	// A subscription carries the split, and from below it every event the
+	// parent published before it.
 	sub, err := p.Subscribe(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s := sub.Splits(); len(s) != 1 || s[0].Child != 200 {
 		t.Fatalf("subscription splits %+v", s)
+	}
+	cu, done, err := sub.CatchUp(0)
+	if err != nil || !done {
+		t.Fatalf("catch-up: %v %v", done, err)
+	}
+	if got := eventKeys(cu); got != "a m a1 m1 z m" {
+		t.Fatalf("parent's feed from before the split: %s", got)
 	}
 	sub.Cancel()
 	// The split survives a restart of the replica.

@@ -22,10 +22,14 @@ type Config struct {
 	// /registry/<resource>/bench/ for these resources, key i under
 	// resource i mod len, as a Kubernetes cluster writes many resources.
 	Resources []string
-	Keys      int           // key space size for update, put, list and watch
-	Seed      int64         // seeds the per-worker random generators
-	PageSize  int           // list: keys per page
-	OpTimeout time.Duration // deadline of one operation
+	// HashedNames (--hashed-names): name write keys by a scramble of their
+	// number, so consecutive writes land anywhere under the prefix (as
+	// generated pod names do), not at its end.
+	HashedNames bool
+	Keys        int           // key space size for update, put, list and watch
+	Seed        int64         // seeds the per-worker random generators
+	PageSize    int           // list: keys per page
+	OpTimeout   time.Duration // deadline of one operation
 	// MaxRetries bounds the conflict retries of one update (kube retries
 	// forever; a bound keeps the benchmark finite).
 	MaxRetries int
@@ -109,10 +113,16 @@ func keyName(prefix, group string, i int64) string {
 // writeKey returns key i of a write benchmark's group: under KeyPrefix, or
 // spread over Resources.
 func (c *Config) writeKey(group string, i int64) string {
-	if len(c.Resources) == 0 {
-		return keyName(c.KeyPrefix, group, i)
+	prefix := c.KeyPrefix
+	if len(c.Resources) > 0 {
+		prefix = "/registry/" + c.Resources[i%int64(len(c.Resources))] + "/bench/"
 	}
-	return keyName("/registry/"+c.Resources[i%int64(len(c.Resources))]+"/bench/", group, i)
+	if c.HashedNames {
+		// A bijection of i: names spread over the key space like
+		// generated object names, not in creation order.
+		return prefix + group + "-" + fmt.Sprintf("%016x", uint64(i)*0x9E3779B97F4A7C15)
+	}
+	return keyName(prefix, group, i)
 }
 
 // groupPrefix is the prefix shared by all keys of a group.
