@@ -23,8 +23,9 @@ type Config struct {
 	// resource i mod len, as a Kubernetes cluster writes many resources.
 	Resources []string
 	// HashedNames (--hashed-names): name write keys by a scramble of their
-	// number, so consecutive writes land anywhere under the prefix (as
-	// generated pod names do), not at its end.
+	// number followed by the group, so consecutive writes land anywhere
+	// under the prefix (as generated pod names do), not at its end, and
+	// every group's keys spread over the same range.
 	HashedNames bool
 	Keys        int           // key space size for update, put, list and watch
 	Seed        int64         // seeds the per-worker random generators
@@ -120,7 +121,9 @@ func (c *Config) writeKey(group string, i int64) string {
 	if c.HashedNames {
 		// A bijection of i: names spread over the key space like
 		// generated object names, not in creation order.
-		return prefix + group + "-" + fmt.Sprintf("%016x", uint64(i)*0x9E3779B97F4A7C15)
+		// The scramble goes first, so the keys of every group (warm-up
+		// puts, creates) spread over the same range.
+		return prefix + fmt.Sprintf("%016x", uint64(i)*0x9E3779B97F4A7C15) + "-" + group
 	}
 	return keyName(prefix, group, i)
 }

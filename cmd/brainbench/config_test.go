@@ -14,3 +14,15 @@ func TestWriteKeySpreadsOverResources(t *testing.T) {
 		}
 	}
 }
+
+func TestHashedNamesSpreadEveryGroup(t *testing.T) {
+	c := &Config{KeyPrefix: "/registry/pods/", HashedNames: true}
+	a, b := c.writeKey("create-x", 1), c.writeKey("create-x", 2)
+	if a == b || a[:len("/registry/pods/")] != "/registry/pods/" || a[len(a)-len("-create-x"):] != "-create-x" {
+		t.Fatalf("hashed names %q %q", a, b)
+	}
+	// Consecutive numbers are far apart, whatever the group.
+	if a[15] == b[15] && a[16] == b[16] {
+		t.Fatalf("consecutive keys %q and %q share their first scrambled characters", a, b)
+	}
+}
