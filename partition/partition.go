@@ -132,6 +132,9 @@ type Config struct {
 	// ForwardClose, if set, asks the partition's leader elsewhere to close
 	// rev; a follower calls it when a reader waits for a revision.
 	ForwardClose func(rev int64)
+	// Overlaps, if set, reports whether another partition's initialized
+	// replica on this node overlaps [start, end) (snapshot check).
+	Overlaps func(id uint64, start, end []byte) bool
 	// OnSplit, if set, runs after a split committed here (on the raft
 	// worker: it must not block); the child's state and raft bootstrap
 	// state are in the DB then.
@@ -179,8 +182,9 @@ type Partition struct {
 	// load counts the leader's writes for the split driver (split.go).
 	load loadStats
 	// splits are the partition's split records (split.go).
-	splits  atomic.Pointer[[]SplitRecord]
-	onSplit func(SplitRecord)
+	splits   atomic.Pointer[[]SplitRecord]
+	onSplit  func(SplitRecord)
+	overlaps func(id uint64, start, end []byte) bool
 
 	// closed is the applied closed revision.
 	closed atomic.Int64
@@ -247,7 +251,7 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p := &Partition{
 		id: cfg.ID, db: cfg.DB,
-		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose, onSplit: cfg.OnSplit,
+		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose, onSplit: cfg.OnSplit, overlaps: cfg.Overlaps,
 		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
 		latches: newLatchManager(),
 	}

@@ -3,7 +3,10 @@ package partition
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+
+	"github.com/brainkv/brain/raftgroup"
 
 	"github.com/brainkv/brain/engine"
 	"github.com/cockroachdb/pebble/v2"
@@ -63,6 +66,39 @@ func (p *Partition) loadSpan(configured bool) error {
 func (p *Partition) eventBounds() (lo, hi []byte) {
 	lo = engine.PutUint64([]byte{engine.EventPrefix}, p.id)
 	return lo, engine.PrefixEnd(lo)
+}
+
+// ErrOverlappingReplica: a snapshot's span overlaps another partition's
+// replica on this node.
+var ErrOverlappingReplica = errors.New("partition: snapshot overlaps another partition's replica here")
+
+// CheckSnapshot implements raftgroup.SnapshotChecker: a snapshot whose span
+// overlaps another partition's replica on this node is refused. Spans only
+// shrink, so such a snapshot predates a split whose child is here; its
+// older writes to the child's keys would overwrite the child's (shared
+// keyspace). The leader sends a newer one later.
+func (p *Partition) CheckSnapshot(data []byte) error {
+	if p.overlaps == nil {
+		return nil
+	}
+	key := p.spanKey()
+	var err error
+	walkErr := raftgroup.ForEachSnapshotKV(data, func(k, v []byte) bool {
+		if !bytes.Equal(k, key) {
+			return true
+		}
+		start, end, derr := decodeSpan(v)
+		if derr != nil {
+			err = derr
+		} else if p.overlaps(p.id, start, end) {
+			err = fmt.Errorf("%w: partition %d [%q, %q)", ErrOverlappingReplica, p.id, start, end)
+		}
+		return false
+	})
+	if walkErr != nil {
+		return walkErr
+	}
+	return err
 }
 
 // WriteSnapshot implements raftgroup.Snapshotter.

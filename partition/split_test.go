@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -154,4 +155,40 @@ func eventKeys(evs []RevEvents) string {
 		}
 	}
 	return fmt.Sprint(s)
+}
+
+// TestCheckSnapshotRefusesOverlap: a snapshot whose span overlaps another
+// partition's replica on the node (one from before a split whose child is
+// here) is refused; others are taken.
+func TestCheckSnapshotRefusesOverlap(t *testing.T) {
+	db := openDB(t)
+	src, err := New(Config{ID: 100, Start: []byte("a"), End: []byte("z"), DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data []byte
+	if err := src.WriteSnapshot(db, func(k, v []byte) error {
+		data = binary.AppendUvarint(data, uint64(len(k)))
+		data = append(data, k...)
+		data = binary.AppendUvarint(data, uint64(len(v)))
+		data = append(data, v...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var asked [2]string
+	for _, overlap := range []bool{false, true} {
+		p, err := New(Config{ID: 100, DB: openDB(t), Revisions: newFakeRevs(), Leases: allLeases{},
+			Overlaps: func(id uint64, start, end []byte) bool { asked = [2]string{string(start), string(end)}; return overlap }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.CheckSnapshot(data)
+		if asked != [2]string{"a", "z"} {
+			t.Fatalf("asked about [%q, %q), want the snapshot's span [a, z)", asked[0], asked[1])
+		}
+		if overlap != errors.Is(err, ErrOverlappingReplica) {
+			t.Fatalf("overlap %v: CheckSnapshot = %v", overlap, err)
+		}
+	}
 }

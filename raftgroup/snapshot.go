@@ -43,6 +43,33 @@ type Snapshotter interface {
 	SnapshotApplied() error
 }
 
+// SnapshotChecker is implemented by state machines that may refuse a
+// snapshot before raft sees it (the sender then retries later).
+type SnapshotChecker interface {
+	// CheckSnapshot inspects a snapshot's key/values (ForEachSnapshotKV).
+	CheckSnapshot(data []byte) error
+}
+
+// ForEachSnapshotKV calls fn for each key/value of snapshot data until
+// fn returns false.
+func ForEachSnapshotKV(data []byte, fn func(k, v []byte) bool) error {
+	for len(data) > 0 {
+		k, rest, err := readChunk(data)
+		if err != nil {
+			return err
+		}
+		v, rest, err := readChunk(rest)
+		if err != nil {
+			return err
+		}
+		if !fn(k, v) {
+			return nil
+		}
+		data = rest
+	}
+	return nil
+}
+
 // SnapshotEnvelope is a snapshot in transit: the raft message (whose
 // Snapshot metadata describes Data) and the state machine's key/values.
 type SnapshotEnvelope struct {
@@ -141,6 +168,11 @@ func (h *Host) ReceiveSnapshot(env *SnapshotEnvelope) error {
 	}
 	if g == nil {
 		return fmt.Errorf("raftgroup: no group %d here and no replica factory", env.Group)
+	}
+	if c, ok := g.sm.(SnapshotChecker); ok {
+		if err := c.CheckSnapshot(env.Data); err != nil {
+			return err
+		}
 	}
 	g.inbox.Lock()
 	if g.inbox.snapData == nil {

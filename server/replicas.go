@@ -61,6 +61,7 @@ func (s *Server) newPartition(id uint64, start, end []byte) (*partition.Partitio
 		DB: s.db, Revisions: s.tso, Leases: s.meta, Metrics: s.pm, Logger: s.log,
 		ForwardClose: fc.forward,
 		OnSplit:      func(rec partition.SplitRecord) { s.onSplit(id, rec) },
+		Overlaps:     s.overlapsReplica,
 	})
 }
 

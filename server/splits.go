@@ -196,17 +196,31 @@ func (s *Server) splitChildAllowed(id uint64) bool {
 		return false
 	}
 	s.partsMu.Lock()
-	defer s.partsMu.Unlock()
 	for _, p := range s.parts {
 		if !p.Initialized() {
-			return false
-		}
-		start, end := p.Span()
-		if (len(end) == 0 || bytes.Compare(rt.Start, end) < 0) && (len(rt.End) == 0 || bytes.Compare(start, rt.End) < 0) {
+			s.partsMu.Unlock()
 			return false
 		}
 	}
-	return true
+	s.partsMu.Unlock()
+	return !s.overlapsReplica(id, rt.Start, rt.End)
+}
+
+// overlapsReplica reports whether an initialized replica here other than
+// partition id's overlaps [start, end) (end empty: unbounded).
+func (s *Server) overlapsReplica(id uint64, start, end []byte) bool {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	for pid, p := range s.parts {
+		if pid == id || !p.Initialized() {
+			continue
+		}
+		ps, pe := p.Span()
+		if (len(end) == 0 || bytes.Compare(ps, end) < 0) && (len(pe) == 0 || bytes.Compare(start, pe) < 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // reportSplits records the splits of the partitions this node leads that
