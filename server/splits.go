@@ -166,9 +166,23 @@ func (s *Server) createSplitChild(parent, child uint64) {
 		return
 	}
 	s.store.SetLocal(child, p)
-	// The parent's leader leads the child first: no election to wait for.
+	// The parent's leader leads the child first, to spare the child an
+	// election timeout. Its first campaigns may find followers that have
+	// not applied the split yet (they drop the child's messages): try
+	// again until the child has a leader.
 	if pg := s.host.Group(parent); pg != nil && pg.Status().IsLeader {
-		g.Campaign()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for i := 0; i < 40 && g.Status().Lead == 0; i++ {
+				g.Campaign()
+				select {
+				case <-s.stopc:
+					return
+				case <-time.After(25 * time.Millisecond):
+				}
+			}
+		}()
 	}
 	s.log.Info("split created a partition", "parent", parent, "child", child)
 }
