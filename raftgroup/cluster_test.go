@@ -66,9 +66,18 @@ const testGroup = 7
 
 func startNode(t *testing.T, tr *MemTransport, id uint64, fs vfs.FS, voters []uint64) *testNode {
 	t.Helper()
+	return startNodeWith(t, tr, id, fs, voters, nil)
+}
+
+// startNodeWith is startNode with a change to the host's configuration.
+func startNodeWith(t *testing.T, tr *MemTransport, id uint64, fs vfs.FS, voters []uint64, change func(*Config)) *testNode {
+	t.Helper()
 	db := openMem(t, fs)
 	cfg := testConfig(id)
 	cfg.MaxFollowerLag = 40
+	if change != nil {
+		change(&cfg)
+	}
 	n := &testNode{id: id, fs: fs, db: db}
 	cfg.NewReplica = func(group uint64) (StateMachine, error) {
 		return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
@@ -366,4 +375,62 @@ func TestTransferOnlyByTheLeaderOfItsTerm(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestReAddDuringRemovalGrace: a replica removed from its group is added
+// back while its node still waits to delete its state (RemoveGroupAfter's
+// grace). The old replica must not answer meanwhile: a leader that took
+// its log for replicated would later tell the fresh, empty replica of
+// commits beyond its log, which raft takes for a lost log and panics. The
+// fresh replica must catch up instead.
+func TestReAddDuringRemovalGrace(t *testing.T) {
+	tr := NewMemTransport()
+	var nodes []*testNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, startNodeWith(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond }))
+	}
+	defer func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	}()
+	nodes[0].host.Group(testGroup).Campaign()
+	leader := waitLeader(t, groupsOf(nodes...)...)
+	propose(t, leader, 50)
+	var gone *testNode
+	for _, n := range nodes {
+		if n.host.Group(testGroup) != leader {
+			gone = n
+			break
+		}
+	}
+	waitCount(t, gone, 50)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
+		t.Fatal(err)
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- gone.host.RemoveGroupAfter(testGroup, time.Second, nil) }()
+	for gone.host.Group(testGroup) != nil {
+		time.Sleep(time.Millisecond)
+	}
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: gone.id}}}); err != nil {
+		t.Fatal(err)
+	}
+	propose(t, leader, 50)
+	// During the grace the old replica's state is there and nothing
+	// re-creates it.
+	if has, err := HasState(gone.db, testGroup); err != nil || !has {
+		t.Fatalf("state deleted before the grace ended (%v, %v)", has, err)
+	}
+	if _, err := gone.host.CreateGroup(testGroup, nil, &snapCounter{counterSM: newCounterSM(t, gone.db, testGroup), db: gone.db}); err == nil {
+		t.Fatal("a replica being removed was created again")
+	}
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	// Then a fresh replica is created from the leader's messages and
+	// catches up (through a snapshot).
+	waitCount(t, gone, 100)
 }

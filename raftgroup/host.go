@@ -31,6 +31,9 @@ type Host struct {
 		sync.RWMutex
 		groups  map[uint64]*Group    // protected by mu
 		removed map[uint64]time.Time // groups removed here, and when; protected by mu
+		// deleting are removed groups whose state is not deleted yet
+		// (RemoveGroupAfter); protected by mu
+		deleting map[uint64]bool
 	}
 	stopOnce sync.Once
 	stopc    chan struct{}
@@ -66,6 +69,7 @@ func NewHost(cfg Config, db *pebble.DB, t Transport) (*Host, error) {
 	}
 	h.mu.groups = make(map[uint64]*Group)
 	h.mu.removed = make(map[uint64]time.Time)
+	h.mu.deleting = make(map[uint64]bool)
 	h.fatal = func(err error) {
 		h.log.Error("fatal storage error; stopping", "err", err)
 		panic(err)
@@ -134,6 +138,9 @@ func (h *Host) CreateGroupConf(id uint64, boot *raftpb.ConfState, sm StateMachin
 	defer h.mu.Unlock()
 	if _, ok := h.mu.groups[id]; ok {
 		return nil, fmt.Errorf("raftgroup: group %d already exists", id)
+	}
+	if h.mu.deleting[id] {
+		return nil, fmt.Errorf("raftgroup: group %d is being removed here", id)
 	}
 	delete(h.mu.removed, id)
 	return h.createGroupLocked(id, boot, sm, false)
@@ -259,6 +266,9 @@ func (h *Host) runTicker() {
 // must not re-create it. Later, a leader that adds this node back
 // creates a fresh replica.
 func (h *Host) isRemovedLocked(id uint64) bool {
+	if h.mu.deleting[id] {
+		return true
+	}
 	at, ok := h.mu.removed[id]
 	return ok && time.Since(at) < h.cfg.TombstoneTTL
 }
@@ -267,12 +277,30 @@ func (h *Host) isRemovedLocked(id uint64) bool {
 // the state machine is a Snapshotter, replicated state). Messages for it
 // are dropped for Config.TombstoneTTL (or until CreateGroup hosts it
 // again).
-func (h *Host) RemoveGroup(id uint64) error {
+func (h *Host) RemoveGroup(id uint64) error { return h.RemoveGroupAfter(id, 0, nil) }
+
+// RemoveGroupAfter is RemoveGroup with the state deleted only after grace
+// (readers of the replicated state may still be finishing), or never if
+// stop closes first. The replica stops at once: its raft answers nothing
+// more. (A replica that went on answering during the grace could be added
+// back by its leader, which would record the old replica's log as
+// replicated here; the fresh replica created later from the leader's
+// messages, with an empty log, would then be told of commits beyond it,
+// which raft treats as a lost log and panics.) Until its state is deleted
+// no message re-creates the replica.
+func (h *Host) RemoveGroupAfter(id uint64, grace time.Duration, stop <-chan struct{}) error {
 	h.mu.Lock()
 	g := h.mu.groups[id]
 	delete(h.mu.groups, id)
 	h.mu.removed[id] = time.Now()
+	h.mu.deleting[id] = true
 	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.mu.deleting, id)
+		h.mu.removed[id] = time.Now() // the tombstone runs from the deletion
+		h.mu.Unlock()
+	}()
 	if g == nil {
 		return nil
 	}
@@ -280,6 +308,13 @@ func (h *Host) RemoveGroup(id uint64) error {
 	// Wait for any round in progress on the group to end.
 	h.sched.waitIdle(g)
 	g.failAllWaiters(ErrLeaderChanged)
+	if grace > 0 {
+		select {
+		case <-stop:
+			return nil
+		case <-time.After(grace):
+		}
+	}
 	b := h.db.NewBatch()
 	defer b.Close()
 	start, end := groupSpan(id)

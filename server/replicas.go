@@ -238,16 +238,14 @@ func (s *Server) removeReplica(id uint64, why string) {
 	p := s.parts[id]
 	delete(s.parts, id)
 	s.partsMu.Unlock()
+	grace := time.Duration(0)
 	if p != nil {
 		s.store.SetLocal(id, nil)
 		p.Close()
-		select {
-		case <-s.stopc:
-			return
-		case <-time.After(removalGrace):
-		}
+		grace = removalGrace
 	}
-	if err := s.host.RemoveGroup(id); err != nil {
+	// The replica's raft stops at once; its state goes after the grace.
+	if err := s.host.RemoveGroupAfter(id, grace, s.stopc); err != nil {
 		s.log.Error("removing a replica", "group", id, "err", err)
 	}
 }
