@@ -117,6 +117,12 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 		asked, done := c.transferStorm(ctx, hold, rng)
 		tl.add("transfer-storm-end", fmt.Sprintf("%d asked, %d done", asked, done))
 		return nil
+	case "move":
+		answer := c.move(ctx, rng)
+		progress("move: %s", answer)
+		tl.add("move", answer)
+		sleep(ctx, hold)
+		return nil
 	case "split":
 		key, answer := c.split(ctx, rng)
 		progress("split at %s: %s", key, answer)

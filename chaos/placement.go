@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -25,7 +26,77 @@ import (
 //     partition holding a random key of splitKeys at that key, under load;
 //     then the fault holds (the load runs on the new partitions). Each key
 //     splits once per cluster; a refused split is no violation.
-var PlacementFaultNames = []string{"transfer", "split"}
+//   - move: a random partition's leader is asked (POST
+//     /brain/v1/move-replica) to move the replica of a random voter to a
+//     node without one (learner, catch-up, promotion, removal), under
+//     load; needs more nodes than replicas (--nodes 4). The rebalancer
+//     moves it back later: two moves for one fault. A move that does not
+//     finish is no violation.
+var PlacementFaultNames = []string{"transfer", "split", "move"}
+
+// move asks a random partition leader to move a random voter's replica to
+// a node that has none; it returns what it asked and the answer.
+func (c *Cluster) move(ctx context.Context, rng *rand.Rand) string {
+	var parts []leadership
+	for _, l := range c.leaderships(ctx) {
+		if l.group >= 100 {
+			parts = append(parts, l)
+		}
+	}
+	if len(parts) == 0 {
+		return "no partition leader found"
+	}
+	l := parts[rng.Intn(len(parts))]
+	var to []string
+	for _, id := range c.memberIDs(ctx) {
+		if !slices.Contains(l.voters, id) {
+			to = append(to, id)
+		}
+	}
+	if len(to) == 0 || len(l.voters) == 0 {
+		return fmt.Sprintf("group %d: every node holds a replica (use more nodes than replicas)", l.group)
+	}
+	from, dest := l.voters[rng.Intn(len(l.voters))], to[rng.Intn(len(to))]
+	hc := http.Client{Timeout: 2 * time.Minute}
+	u := fmt.Sprintf("http://%s/brain/v1/move-replica?group=%d&from=%s&to=%s", l.node.Endpoint(), l.group, from, dest)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Sprintf("group %d %s -> %s: %v", l.group, from, dest, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("group %d %s -> %s: %s %s", l.group, from, dest, resp.Status, strings.TrimSpace(string(b)))
+}
+
+// memberIDs returns the IDs (hex) of the running nodes that answer.
+func (c *Cluster) memberIDs(ctx context.Context) []string {
+	hc := http.Client{Timeout: time.Second}
+	var out []string
+	for _, n := range c.Nodes {
+		if !n.Up() {
+			continue
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.Endpoint()+"/brain/v1/status", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			continue
+		}
+		var st nodeGroups
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err == nil {
+			out = append(out, st.ID)
+		}
+	}
+	return out
+}
 
 // splitKeys are where the split fault cuts partitions: namespace
 // boundaries inside the kube resources' partitions, so that no workload
