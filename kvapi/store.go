@@ -88,9 +88,8 @@ func (r *slot) local() *partition.Partition { return r.localp.Load() }
 // table is a routing table: partitions covering the keyspace. Tables are
 // immutable; a split replaces the store's table (SetRoutes).
 type table struct {
-	routes  []*route // sorted by start key, covering all keys
-	byID    map[uint64]*route
-	version uint64
+	routes []*route // sorted by start key, covering all keys
+	byID   map[uint64]*route
 	// replaced is closed when a newer table replaces this one.
 	replaced chan struct{}
 }
@@ -237,18 +236,10 @@ func (s *Store) SetRoutes(routes []Route) error {
 	if len(t.routes) == 0 {
 		return errors.New("kvapi: no partitions")
 	}
-	for {
-		old := s.tab.Load()
-		if old != nil {
-			t.version = old.version + 1
-		}
-		if s.tab.CompareAndSwap(old, t) {
-			if old != nil {
-				close(old.replaced)
-			}
-			return nil
-		}
+	if old := s.tab.Swap(t); old != nil {
+		close(old.replaced)
 	}
+	return nil
 }
 
 // Routes returns the current routing table.

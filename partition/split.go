@@ -253,7 +253,7 @@ func (p *Partition) copyEvents(b *pebble.Batch, key, end []byte, child uint64) e
 	if err != nil {
 		return err
 	}
-	move := func(rev int64, v []byte) error {
+	copyRecord := func(rev int64, v []byte) error {
 		muts, err := decodeEventRecord(v)
 		if err != nil {
 			return err
@@ -275,7 +275,7 @@ func (p *Partition) copyEvents(b *pebble.Batch, key, end []byte, child uint64) e
 		if _, ok := p.roundEvents[rev]; ok {
 			continue
 		}
-		if err := move(rev, it.Value()); err != nil {
+		if err := copyRecord(rev, it.Value()); err != nil {
 			it.Close()
 			return err
 		}
@@ -284,7 +284,7 @@ func (p *Partition) copyEvents(b *pebble.Batch, key, end []byte, child uint64) e
 		return err
 	}
 	for rev, v := range p.roundEvents {
-		if err := move(rev, v); err != nil {
+		if err := copyRecord(rev, v); err != nil {
 			return err
 		}
 	}
