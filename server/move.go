@@ -60,7 +60,13 @@ func (s *Server) MoveReplica(ctx context.Context, id, from, to uint64) error {
 		s.log.Info("moving a replica", "group", id, "change", t.String(), "node", formatID(node), "step", why)
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		return g.ProposeConfChange(cctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: t, NodeID: node}}})
+		err := g.ProposeConfChange(cctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: t, NodeID: node}}})
+		if errors.Is(err, raftgroup.ErrNotLeader) || errors.Is(err, raftgroup.ErrLeaderChanged) {
+			// Leadership moved under the move (the leader balancer, an
+			// election): the caller asks the new leader to go on.
+			return errNotGroupLeader{id, g.Status().Lead}
+		}
+		return err
 	}
 	if !slices.Contains(st.Voters, to) {
 		if !slices.Contains(st.Learners, to) {
