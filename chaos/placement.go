@@ -74,8 +74,24 @@ func (c *Cluster) move(ctx context.Context, rng *rand.Rand) string {
 
 // memberIDs returns the IDs (hex) of the running nodes that answer.
 func (c *Cluster) memberIDs(ctx context.Context) []string {
-	hc := http.Client{Timeout: time.Second}
 	var out []string
+	for _, st := range c.statuses(ctx) {
+		out = append(out, st.ID)
+	}
+	return out
+}
+
+// nodeStatus is a running node and the part of its status the faults read.
+type nodeStatus struct {
+	node *Node
+	nodeGroups
+}
+
+// statuses asks every running node for its status (nodes that do not
+// answer are left out).
+func (c *Cluster) statuses(ctx context.Context) []nodeStatus {
+	hc := http.Client{Timeout: time.Second}
+	var out []nodeStatus
 	for _, n := range c.Nodes {
 		if !n.Up() {
 			continue
@@ -88,11 +104,11 @@ func (c *Cluster) memberIDs(ctx context.Context) []string {
 		if err != nil {
 			continue
 		}
-		var st nodeGroups
-		err = json.NewDecoder(resp.Body).Decode(&st)
+		st := nodeStatus{node: n}
+		err = json.NewDecoder(resp.Body).Decode(&st.nodeGroups)
 		resp.Body.Close()
 		if err == nil {
-			out = append(out, st.ID)
+			out = append(out, st)
 		}
 	}
 	return out
@@ -161,29 +177,11 @@ type leadership struct {
 
 // leaderships asks every running node which groups it leads.
 func (c *Cluster) leaderships(ctx context.Context) []leadership {
-	hc := http.Client{Timeout: time.Second}
 	var out []leadership
-	for _, n := range c.Nodes {
-		if !n.Up() {
-			continue
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.Endpoint()+"/brain/v1/status", nil)
-		if err != nil {
-			continue
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			continue
-		}
-		var st nodeGroups
-		err = json.NewDecoder(resp.Body).Decode(&st)
-		resp.Body.Close()
-		if err != nil {
-			continue
-		}
+	for _, st := range c.statuses(ctx) {
 		for _, g := range st.Groups {
 			if g.Role == "leader" {
-				out = append(out, leadership{node: n, self: st.ID, group: g.Group, voters: g.Voters})
+				out = append(out, leadership{node: st.node, self: st.ID, group: g.Group, voters: g.Voters})
 			}
 		}
 	}

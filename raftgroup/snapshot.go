@@ -208,19 +208,15 @@ func (h *Host) applySnapshot(b *pebble.Batch, g *Group, snap raftpb.Snapshot) er
 	if err := sn.ClearState(b); err != nil {
 		return err
 	}
-	for len(data) > 0 {
-		k, rest, err := readChunk(data)
-		if err != nil {
-			return err
-		}
-		v, rest, err := readChunk(rest)
-		if err != nil {
-			return err
-		}
-		if err := b.Set(k, v, nil); err != nil {
-			return err
-		}
-		data = rest
+	var setErr error
+	if err := ForEachSnapshotKV(data, func(k, v []byte) bool {
+		setErr = b.Set(k, v, nil)
+		return setErr == nil
+	}); err != nil {
+		return err
+	}
+	if setErr != nil {
+		return setErr
 	}
 	// The whole local log is replaced: entries after the snapshot, if any,
 	// come in the Ready's Entries and are written after this.
