@@ -40,6 +40,9 @@ type Config struct {
 	// SecretKey, if set, encrypts and authenticates gossip (AES-GCM; 16,
 	// 24 or 32 bytes): nodes without the key can neither read it nor join.
 	SecretKey []byte
+	// Label, if set, marks every gossip packet and stream; a node drops
+	// those of another label (another cluster's nodes).
+	Label string
 	// Fast uses memberlist's local-network timings (tests).
 	Fast   bool
 	Logger *slog.Logger
@@ -102,6 +105,7 @@ func Start(cfg Config) (*Membership, error) {
 	// advertises a private address of this host: advertising the wildcard
 	// itself would make every probe of this node fail, and gossip would
 	// call it dead.
+	mc.Label = cfg.Label
 	if len(cfg.SecretKey) > 0 {
 		mc.SecretKey = cfg.SecretKey
 	}

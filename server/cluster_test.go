@@ -3,7 +3,12 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,4 +260,94 @@ func checkClusterUnderRestarts(t *testing.T, nodes, replicas int) {
 	}
 	t.Logf("%d operations (%d with unknown outcome), final revision %d, watches resumed at %v and %v",
 		len(ops), unknown, final, resuming[0].Resumed, resuming[1].Resumed)
+}
+
+// TestOtherClusterRefused starts a new two-node cluster whose first member
+// has the address (and so the member ID) of a stopped member of a running
+// three-node cluster, as when a cluster is re-created on the same hosts
+// while an old member still runs. The old cluster's leaders keep sending
+// that member raft messages for groups of the same IDs with commit
+// indexes the new member's logs do not have; before peers checked cluster
+// IDs the new member panicked ("tocommit(8) is out of range"). Now it
+// refuses them (and the old cluster's gossip), both clusters serve, and
+// the refusals are counted.
+func TestOtherClusterRefused(t *testing.T) {
+	old := testutil.StartCluster(t, 3, server.Config{InitialSplitPoints: []string{"m"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	oc := testutil.Client(t, old.Endpoint(1))
+	for i := 0; i < 50; i++ {
+		if _, err := putRetry(ctx, oc, fmt.Sprintf("k%d", i%7), "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.Stop(0)
+
+	// The new cluster: the old n1's name and peer URL (so its member ID),
+	// a fresh data directory, and a second member.
+	dir := t.TempDir()
+	a := old.Configs[0]
+	a.DataDir = filepath.Join(dir, "n1")
+	b := a
+	b.Name = "nb"
+	b.DataDir = filepath.Join(dir, "nb")
+	peerB := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePortPair(t))
+	b.ListenPeerURLs, b.InitialAdvertisePeerURLs = []string{peerB}, []string{peerB}
+	b.ListenClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))}
+	a.InitialCluster = "n1=" + a.InitialAdvertisePeerURLs[0] + ",nb=" + peerB
+	b.InitialCluster = a.InitialCluster
+	var nodes []*server.Server
+	for _, cfg := range []server.Config{a, b} {
+		s, err := server.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Stop()
+		nodes = append(nodes, s)
+	}
+	nc := testutil.Client(t, strings.TrimPrefix(a.ListenClientURLs[0], "http://"))
+	// Both clusters write while the old one's leaders try to reach n1.
+	for i := 0; i < 40; i++ {
+		if _, err := putRetry(ctx, nc, fmt.Sprintf("k%d", i%5), "new"); err != nil {
+			t.Fatalf("new cluster: %v", err)
+		}
+		if _, err := putRetry(ctx, oc, fmt.Sprintf("k%d", i%5), "old"); err != nil {
+			t.Fatalf("old cluster: %v", err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	g, err := nc.Get(ctx, "k", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range g.Kvs {
+		if string(kv.Value) != "new" {
+			t.Fatalf("new cluster holds %s=%s", kv.Key, kv.Value)
+		}
+	}
+	if len(g.Kvs) != 5 {
+		t.Fatalf("new cluster holds %d keys, want 5", len(g.Kvs))
+	}
+	resp, err := http.Get(a.ListenClientURLs[0] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^brain_peer_requests_refused_total (\d+)`).FindSubmatch(body)
+	if m == nil || string(m[1]) == "0" {
+		t.Fatalf("the new n1 refused no peer requests from the old cluster: %q", m)
+	}
+	t.Logf("new n1 refused %s peer requests from the old cluster", m[1])
+}
+
+// putRetry puts, retrying while the cluster elects leaders.
+func putRetry(ctx context.Context, c *clientv3.Client, k, v string) (*clientv3.PutResponse, error) {
+	for {
+		p, err := c.Put(ctx, k, v)
+		if err == nil || ctx.Err() != nil {
+			return p, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

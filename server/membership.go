@@ -136,6 +136,7 @@ func (s *Server) startMembership() error {
 	}
 	s.membership, err = cluster.Start(cluster.Config{
 		SecretKey:     key,
+		Label:         "brain-cluster-" + formatID(s.id.ClusterID),
 		Self:          cluster.NodeInfo{ID: s.id.MemberID, Name: s.id.Name, PeerAddr: self, ClientURLs: s.cfg.AdvertiseClientURLs},
 		BindAddr:      host,
 		BindPort:      p,

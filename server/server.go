@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brainkv/brain/engine"
@@ -61,13 +62,15 @@ type Server struct {
 	routesKick chan struct{}
 	routesMu   sync.Mutex
 	// splits counts the splits this node started, by reason.
-	splits   *prometheus.CounterVec
-	closeFwd []*forwardCloser
-	store    *kvapi.Store
-	hub      *etcdcompat.Hub
-	etcd     *etcdcompat.Server
-	grpc     *grpc.Server
-	quota    *quota
+	splits     *prometheus.CounterVec
+	refused    prometheus.Counter // peer calls refused as another cluster's
+	refusedLog atomic.Int64       // unix nanos of the last refusal logged
+	closeFwd   []*forwardCloser
+	store      *kvapi.Store
+	hub        *etcdcompat.Hub
+	etcd       *etcdcompat.Server
+	grpc       *grpc.Server
+	quota      *quota
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
@@ -108,7 +111,10 @@ func New(cfg Config) (*Server, error) {
 	s.splits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_partition_splits_total", Help: "Partition splits this node started, by reason (manual, size, load).",
 	}, []string{"reason"})
-	s.registry.MustRegister(s.splits)
+	s.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "brain_peer_requests_refused_total", Help: "Calls to the peer port refused because they came from another cluster (or named none).",
+	})
+	s.registry.MustRegister(s.splits, s.refused)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
@@ -157,6 +163,7 @@ func (s *Server) open() error {
 		if err != nil {
 			return err
 		}
+		dialOpts = append(dialOpts, rpccodec.ClusterDialOptions(s.id.ClusterID)...)
 		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.membership.Resolve, s.log, dialOpts...)
 		s.rpc = kvapi.NewClient(s.membership.Resolve, dialOpts...)
 	}
@@ -625,7 +632,7 @@ func (s *Server) metaTerm() uint64 {
 // servePeers serves the raft transport and the internal API on the peer
 // listen URLs.
 func (s *Server) servePeers() error {
-	opts := rpccodec.PeerServerOptions()
+	opts := append(rpccodec.PeerServerOptions(), rpccodec.ClusterServerOptions(s.id.ClusterID, s.refusedPeerCall)...)
 	creds, _, err := s.cfg.peerCredentials()
 	if err != nil {
 		return err
@@ -655,6 +662,19 @@ func (s *Server) servePeers() error {
 		s.goServe(func() error { return s.peerGRPC.Serve(l) })
 	}
 	return nil
+}
+
+// refusedPeerCall counts a peer call from another cluster and logs it, at
+// most every 10 seconds (a stale node retries for as long as it runs).
+func (s *Server) refusedPeerCall(method, from string) {
+	s.refused.Inc()
+	now := time.Now().UnixNano()
+	last := s.refusedLog.Load()
+	if now-last < int64(10*time.Second) || !s.refusedLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.log.Warn("refused a peer request from another cluster (a member of an old cluster at an address this one uses, or a node given the wrong peers)",
+		"method", method, "from-cluster", from, "cluster", formatID(s.id.ClusterID))
 }
 
 // handOffLeadership transfers the leadership of every group this node
