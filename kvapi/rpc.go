@@ -62,6 +62,25 @@ const (
 	OpMetaRecordSplits // JSON []meta.Split
 )
 
+var opNames = [...]string{
+	OpTxn: "txn", OpPut: "put", OpDeleteRange: "delete_range", OpReadTxn: "read_txn", OpScan: "scan",
+	OpRequestClose: "request_close", OpDeleteByLease: "delete_by_lease", OpCompact: "compact",
+	OpLeaseKeys: "lease_keys", OpPrevValue: "prev_value", OpTSONext: "tso_next", OpTSOCurrent: "tso_current",
+	OpMetaGrant: "meta_grant", OpMetaStartRevoke: "meta_start_revoke", OpMetaFinishRevoke: "meta_finish_revoke",
+	OpMetaRenew: "meta_renew", OpMetaTimeToLive: "meta_time_to_live", OpMetaSetCompact: "meta_set_compact",
+	OpMetaSetAlarm: "meta_set_alarm", OpMetaReadIndex: "meta_read_index", OpEvents: "events",
+	OpGroupInfo: "group_info", OpMetaSetMember: "meta_set_member", OpClusterInfo: "cluster_info",
+	OpSplit: "split", OpMetaAllocPartition: "meta_alloc_partition", OpMetaRecordSplits: "meta_record_splits",
+}
+
+// String names the operation (metrics, logs).
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op%d", uint8(o))
+}
+
 // CallRequest is an internal call.
 type CallRequest struct {
 	Op    Op

@@ -434,3 +434,68 @@ func TestReAddDuringRemovalGrace(t *testing.T) {
 	// catches up (through a snapshot).
 	waitCount(t, gone, 100)
 }
+
+// TestStalledLeaderKeepsLeadership: a leader whose worker could not run
+// for two election timeouts (an overloaded, CPU-throttled node) finds its
+// followers' heartbeat responses that arrived before the last tick queued
+// behind its ticks. Stepping the ticks first made CheckQuorum
+// find no follower active and step down (brain leaders stepped down under
+// overload, failing writes with "leader changed"); ticks that came after
+// messages now count after them.
+func TestStalledLeaderKeepsLeadership(t *testing.T) {
+	tr := NewMemTransport()
+	voters := []uint64{1, 2, 3}
+	const election = 10
+	manual := func(c *Config) { c.TickInterval = time.Hour; c.ElectionTicks = election } // the test ticks
+	var nodes []*testNode
+	for _, id := range voters {
+		n := startNodeWith(t, tr, id, vfs.NewMem(), voters, manual)
+		defer n.stop(t, tr)
+		nodes = append(nodes, n)
+	}
+	g := nodes[0].host.Group(testGroup)
+	g.Campaign()
+	if waitLeader(t, groupsOf(nodes...)...) != g {
+		t.Fatal("node 1 campaigned but another leads")
+	}
+	propose(t, g, 1)
+	term := g.Status().Term
+	tick := func(n int, msgs ...raftpb.Message) {
+		g.inbox.Lock()
+		for i := 0; i < n; i++ {
+			g.addTickLocked()
+		}
+		g.inbox.msgs = append(g.inbox.msgs, msgs...)
+		g.inbox.Unlock()
+		g.host.sched.enqueue(g)
+	}
+	resp := func(from uint64) raftpb.Message {
+		return raftpb.Message{Type: raftpb.MsgHeartbeatResp, From: from, To: 1, Term: term}
+	}
+	// The leader's election clock started when it won: one election
+	// timeout of ticks, one at a time, with the followers answering each
+	// heartbeat, ends with a quorum check it passes.
+	for i := 0; i < election; i++ {
+		tick(1)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := g.Status(); !st.IsLeader || st.Term != term {
+		t.Fatalf("leader lost its leadership while its followers answered: %+v", st)
+	}
+	// A stall of two election timeouts: the first one's quorum check
+	// counts the responses to the last heartbeats before the stall; then
+	// both followers' responses arrive before the tick that ends the
+	// second. All is processed in one round.
+	g.inbox.Lock()
+	for i := 0; i < 2*election-1; i++ {
+		g.addTickLocked()
+	}
+	g.inbox.msgs = append(g.inbox.msgs, resp(2), resp(3))
+	g.addTickLocked()
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+	time.Sleep(100 * time.Millisecond)
+	if st := g.Status(); !st.IsLeader || st.Term != term {
+		t.Fatalf("leader stepped down after a stall though its followers' responses came before the timeout ended: %+v", st)
+	}
+}

@@ -117,7 +117,8 @@ type Group struct {
 		sync.Mutex
 		msgs        []raftpb.Message  // protected by inbox
 		props       []pendingProp     // protected by inbox
-		ticks       int               // protected by inbox
+		ticks       int               // ticks before the first queued message; protected by inbox
+		ticksAfter  int               // ticks after it; protected by inbox
 		campaign    bool              // protected by inbox
 		transfer    uint64            // protected by inbox
 		transferIn  uint64            // term transfer is for (0: any); protected by inbox
@@ -345,12 +346,22 @@ func (g *Group) failAllWaiters(err error) {
 }
 
 // drainInbox feeds queued work into the RawNode. Worker-owned.
+// addTickLocked queues a tick (inbox locked): before the queued messages
+// if there are none yet, after them otherwise (drainInbox).
+func (g *Group) addTickLocked() {
+	if len(g.inbox.msgs) == 0 {
+		g.inbox.ticks++
+	} else {
+		g.inbox.ticksAfter++
+	}
+}
+
 func (g *Group) drainInbox() {
 	g.inbox.Lock()
-	msgs, props, ticks := g.inbox.msgs, g.inbox.props, g.inbox.ticks
+	msgs, props, ticks, ticksAfter := g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter
 	campaign, transfer, transferIn := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn
 	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
-	g.inbox.msgs, g.inbox.props, g.inbox.ticks = nil, nil, 0
+	g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter = nil, nil, 0, 0
 	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn = false, 0, 0
 	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
@@ -398,6 +409,13 @@ func (g *Group) drainInbox() {
 		// Errors here are messages from unknown peers or stale terms;
 		// raft has already dropped them.
 		_ = g.rn.Step(msgs[i])
+	}
+	// Ticks that came after messages count after them: a worker that
+	// could not run for a while (an overloaded or throttled node) must not
+	// let a leader find "no quorum active" (CheckQuorum) nor a follower
+	// "no leader" by counting time past messages that had arrived.
+	for i := 0; i < ticksAfter; i++ {
+		g.rn.Tick()
 	}
 	for _, p := range props {
 		if err := g.rn.Propose(p.data); err != nil {

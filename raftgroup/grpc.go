@@ -200,6 +200,8 @@ func (hs hostServer) messages(s grpc.ServerStream) error {
 			}
 			return err
 		}
+		hs.h.metrics.batchesReceived.Inc()
+		hs.h.metrics.messagesReceived.Add(float64(len(b.Msgs)))
 		hs.h.Deliver(b.Msgs)
 	}
 }

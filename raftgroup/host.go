@@ -253,7 +253,7 @@ func (h *Host) runTicker() {
 		h.mu.RLock()
 		for _, g := range h.mu.groups {
 			g.inbox.Lock()
-			g.inbox.ticks++
+			g.addTickLocked()
 			g.inbox.Unlock()
 			h.sched.enqueue(g)
 		}

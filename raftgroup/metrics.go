@@ -10,6 +10,8 @@ type metrics struct {
 	logSync           prometheus.Histogram
 	snapshotsSent     prometheus.Counter
 	snapshotsReceived prometheus.Counter
+	batchesReceived   prometheus.Counter
+	messagesReceived  prometheus.Counter
 	leader            *prometheus.GaugeVec
 	term              *prometheus.GaugeVec
 	appliedIndex      *prometheus.GaugeVec
@@ -40,6 +42,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		snapshotsReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_snapshots_received_total", Help: "Raft snapshots received.",
 		}),
+		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_batches_received_total", Help: "Batches of raft messages received from other nodes (one per sender's send).",
+		}),
+		messagesReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_messages_received_total", Help: "Raft messages received from other nodes.",
+		}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "brain_raft_is_leader", Help: "1 if this node leads the raft group (and is ready to serve), else 0.",
 		}, []string{"group"}),
@@ -51,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"group"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }

@@ -62,15 +62,16 @@ type Server struct {
 	routesKick chan struct{}
 	routesMu   sync.Mutex
 	// splits counts the splits this node started, by reason.
-	splits     *prometheus.CounterVec
-	refused    prometheus.Counter // peer calls refused as another cluster's
-	refusedLog atomic.Int64       // unix nanos of the last refusal logged
-	closeFwd   []*forwardCloser
-	store      *kvapi.Store
-	hub        *etcdcompat.Hub
-	etcd       *etcdcompat.Server
-	grpc       *grpc.Server
-	quota      *quota
+	splits        *prometheus.CounterVec
+	refused       prometheus.Counter     // peer calls refused as another cluster's
+	refusedLog    atomic.Int64           // unix nanos of the last refusal logged
+	internalCalls *prometheus.CounterVec // calls other nodes made here, by op
+	closeFwd      []*forwardCloser
+	store         *kvapi.Store
+	hub           *etcdcompat.Hub
+	etcd          *etcdcompat.Server
+	grpc          *grpc.Server
+	quota         *quota
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
@@ -114,7 +115,10 @@ func New(cfg Config) (*Server, error) {
 	s.refused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "brain_peer_requests_refused_total", Help: "Calls to the peer port refused because they came from another cluster (or named none).",
 	})
-	s.registry.MustRegister(s.splits, s.refused)
+	s.internalCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_internal_calls_total", Help: "Internal calls other nodes made to this one, by operation (forwarded writes, TSO, reads, closes, ...).",
+	}, []string{"op"})
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
@@ -642,7 +646,7 @@ func (s *Server) servePeers() error {
 	}
 	s.peerGRPC = grpc.NewServer(opts...)
 	raftgroup.RegisterService(s.peerGRPC, s.host)
-	kvapi.RegisterInternalService(s.peerGRPC, s.store)
+	kvapi.RegisterInternalService(s.peerGRPC, countingHandler{s.store, s.internalCalls})
 	for _, u := range s.cfg.ListenPeerURLs {
 		addr, err := listenAddr(u)
 		if err != nil {
@@ -662,6 +666,17 @@ func (s *Server) servePeers() error {
 		s.goServe(func() error { return s.peerGRPC.Serve(l) })
 	}
 	return nil
+}
+
+// countingHandler serves the internal API, counting calls by operation.
+type countingHandler struct {
+	*kvapi.Store
+	calls *prometheus.CounterVec
+}
+
+func (h countingHandler) HandleCall(ctx context.Context, req *kvapi.CallRequest) ([]byte, error) {
+	h.calls.WithLabelValues(req.Op.String()).Inc()
+	return h.Store.HandleCall(ctx, req)
 }
 
 // refusedPeerCall counts a peer call from another cluster and logs it, at
