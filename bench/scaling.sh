@@ -26,6 +26,7 @@ set -euo pipefail
 
 SIZES=${SIZES:-1 3 6}             # cluster sizes
 CPUS=${CPUS:-0.25}                # CPU share of every node (docker --cpus)
+CPU_PERIOD=${CPU_PERIOD:-100000}  # CFS period in µs the share is enforced over (docker's default 100000; smaller: shorter throttling stalls)
 MEMORY=${MEMORY:-2g}              # memory limit of every node
 CLIENTS=${CLIENTS:-256}           # concurrent workers (64 leaves brain latency-bound)
 CONNS=${CONNS:-32}                # gRPC connections
@@ -43,7 +44,7 @@ HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-inte
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 
-FLAG_VARS="SIZES CPUS MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -78,6 +79,35 @@ for kind in brain etcd; do
 done
 docker network create "$NET" >/dev/null
 
+# The share as a quota per CFS period (docker --cpus is period 100000).
+QUOTA=$(awk -v c="$CPUS" -v p="$CPU_PERIOD" 'BEGIN { printf "%d", c * p }')
+
+# host_busy: jiffies the whole machine spent busy and in total so far
+# (/proc/stat), to tell whether a measurement saturated the host.
+host_busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9; exit }' /proc/stat; }
+
+# node_cpu KIND N: for every node of the cluster, "name usage_ns
+# throttled_periods periods" from its cgroup (v1 cpu,cpuacct or v2), to
+# tell how busy each node was and whether its share throttled it.
+node_cpu() {
+	local kind=$1 n=$2 i pid path
+	for ((i = 1; i <= n; i++)); do
+		pid=$(docker inspect -f '{{.State.Pid}}' "$PREFIX-$kind$i" 2>/dev/null) || continue
+		path=$(awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ { print $3 } $2 == "" { v2 = $3 } END { if (v2 != "" && NR == 1) print v2 }' "/proc/$pid/cgroup")
+		if [[ -f /sys/fs/cgroup/cpuacct$path/cpuacct.usage ]]; then
+			echo "n$i $(cat "/sys/fs/cgroup/cpuacct$path/cpuacct.usage") $(awk '/nr_throttled/ { t = $2 } /nr_periods/ { p = $2 } END { print t + 0, p + 0 }' "/sys/fs/cgroup/cpu$path/cpu.stat")"
+		elif [[ -f /sys/fs/cgroup$path/cpu.stat ]]; then
+			awk -v n="n$i" '/usage_usec/ { u = $2 * 1000 } /nr_throttled/ { t = $2 } /nr_periods/ { p = $2 } END { print n, u + 0, t + 0, p + 0 }' "/sys/fs/cgroup$path/cpu.stat"
+		fi
+	done
+}
+
+# cpu_report BEFORE AFTER SECONDS: per node, the CPU it used as a share of
+# one CPU and the fraction of CFS periods it was throttled in.
+cpu_report() {
+	join <(echo "$1") <(echo "$2") | awk -v s="$3" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
+}
+
 # split points: the prefix of every resource, sorted.
 SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -sd, -)
 
@@ -98,7 +128,7 @@ start_cluster() {
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
 		fi
 		docker run -d --name "$name" --hostname "$name" --network "$NET" \
-			--cpus "$CPUS" --memory "$MEMORY" --tmpfs /tmp \
+			--cpu-period "$CPU_PERIOD" --cpu-quota "$QUOTA" --memory "$MEMORY" --tmpfs /tmp \
 			--mount type=tmpfs,destination=/data,tmpfs-size=4g \
 			"brainscale-$kind:dev" "${args[@]}" >/dev/null
 	done
@@ -137,10 +167,25 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
+	local b0 b1 c0 c1 t0 t1
+	b0=$(host_busy)
+	c0=$(node_cpu "$kind" "$n")
+	t0=$(date +%s.%N)
 	if ! "$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json"; then
 		say "$kind, $n node(s), $workload: FAILED"
 		FAILED=1
 		return 0
+	fi
+	b1=$(host_busy)
+	c1=$(node_cpu "$kind" "$n")
+	t1=$(date +%s.%N)
+	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	# Past ~90% the host, not the nodes' shares, limits the measurement.
+	local busy
+	busy=$(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
+	say "$kind, $n node(s), $workload: host CPU busy $busy% during the creates"
+	if ((busy >= 90)); then
+		say "WARNING: the host was saturated: this result is bounded by the machine ($(nproc) CPUs for $n x $CPUS CPU of nodes plus brainbench), not by the nodes' shares; use a smaller --cpus"
 	fi
 	local thru
 	thru=$(sed -n 's/.*"throughput":\([0-9.e+]*\).*/\1/p' "$json" | tail -1)
