@@ -284,6 +284,16 @@ func (s *Store) routed(ctx context.Context, op func(t *table) error) error {
 	}
 }
 
+// routedResult is routed for an operation with a result: the result of
+// the attempt that was not refused as outside a partition's range.
+func routedResult[T any](ctx context.Context, s *Store, op func(t *table) (T, error)) (res T, err error) {
+	err = s.routed(ctx, func(t *table) error {
+		res, err = op(t)
+		return err
+	})
+	return res, err
+}
+
 // SetTSO replaces the TSO client (a cluster's client reaches the TSO
 // leader through the store itself, so it is set after NewStore).
 func (s *Store) SetTSO(c *tso.Client) { s.tso = c }
@@ -459,12 +469,8 @@ func (s *Store) readRevision(ctx context.Context, routes []*route, rev int64, se
 }
 
 // Range implements etcd's Range across partitions.
-func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (resp *pb.RangeResponse, err error) {
-	err = s.routed(ctx, func(t *table) error {
-		resp, err = s.rangeIn(ctx, t, r)
-		return err
-	})
-	return resp, err
+func (s *Store) Range(ctx context.Context, r *pb.RangeRequest) (*pb.RangeResponse, error) {
+	return routedResult(ctx, s, func(t *table) (*pb.RangeResponse, error) { return s.rangeIn(ctx, t, r) })
 }
 
 func (s *Store) rangeIn(ctx context.Context, t *table, r *pb.RangeRequest) (*pb.RangeResponse, error) {
@@ -590,12 +596,8 @@ func (s *Store) deleteOn(ctx context.Context, rt *route, r *pb.DeleteRangeReques
 //
 // A split during a delete over several partitions makes it start over
 // (the partitions it finished delete nothing more the second time).
-func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (resp *pb.DeleteRangeResponse, err error) {
-	err = s.routed(ctx, func(t *table) error {
-		resp, err = s.deleteRangeIn(ctx, t, r)
-		return err
-	})
-	return resp, err
+func (s *Store) DeleteRange(ctx context.Context, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
+	return routedResult(ctx, s, func(t *table) (*pb.DeleteRangeResponse, error) { return s.deleteRangeIn(ctx, t, r) })
 }
 
 func (s *Store) deleteRangeIn(ctx context.Context, t *table, r *pb.DeleteRangeRequest) (*pb.DeleteRangeResponse, error) {
@@ -686,12 +688,8 @@ func (s *Store) txnRoute(t *table, rt *pb.TxnRequest) (*route, error) {
 }
 
 // Txn implements etcd's Txn for txns within one partition.
-func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (resp *pb.TxnResponse, err error) {
-	err = s.routed(ctx, func(t *table) error {
-		resp, err = s.txnIn(ctx, t, rt)
-		return err
-	})
-	return resp, err
+func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	return routedResult(ctx, s, func(t *table) (*pb.TxnResponse, error) { return s.txnIn(ctx, t, rt) })
 }
 
 func (s *Store) txnIn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
