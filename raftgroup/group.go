@@ -345,7 +345,6 @@ func (g *Group) failAllWaiters(err error) {
 	}
 }
 
-// drainInbox feeds queued work into the RawNode. Worker-owned.
 // addTickLocked queues a tick (inbox locked): before the queued messages
 // if there are none yet, after them otherwise (drainInbox).
 func (g *Group) addTickLocked() {
@@ -356,6 +355,7 @@ func (g *Group) addTickLocked() {
 	}
 }
 
+// drainInbox feeds queued work into the RawNode. Worker-owned.
 func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks, ticksAfter := g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter
