@@ -97,6 +97,31 @@ func startNodeWith(t *testing.T, tr *MemTransport, id uint64, fs vfs.FS, voters 
 	return n
 }
 
+// startLedTrio starts nodes 1-3, each with a replica of testGroup (change,
+// if set, adjusts every host's configuration), makes node 1 campaign and
+// waits for a leader; the hosts stop when the test ends. It returns the
+// nodes, the leader's group and a node that does not lead.
+func startLedTrio(t *testing.T, tr *MemTransport, change func(*Config)) (nodes []*testNode, leader *Group, follower *testNode) {
+	t.Helper()
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, startNodeWith(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}, change))
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	})
+	nodes[0].host.Group(testGroup).Campaign()
+	leader = waitLeader(t, groupsOf(nodes...)...)
+	for _, n := range nodes {
+		if n.host.Group(testGroup) != leader {
+			return nodes, leader, n
+		}
+	}
+	t.Fatal("every node leads")
+	return nil, nil, nil
+}
+
 func (n *testNode) stop(t *testing.T, tr *MemTransport) {
 	tr.Unregister(n.id)
 	n.host.Stop()
@@ -144,25 +169,8 @@ func waitCount(t *testing.T, n *testNode, want uint64) {
 // a snapshot, not by entries it can no longer get.
 func TestSnapshotCatchesUpLaggingReplica(t *testing.T) {
 	tr := NewMemTransport()
-	var nodes []*testNode
-	for id := uint64(1); id <= 3; id++ {
-		nodes = append(nodes, startNode(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}))
-	}
-	defer func() {
-		for _, n := range nodes {
-			n.host.Stop()
-		}
-	}()
-	nodes[0].host.Group(testGroup).Campaign()
-	leader := waitLeader(t, groupsOf(nodes...)...)
+	nodes, leader, lag := startLedTrio(t, tr, nil)
 	propose(t, leader, 20)
-	var lag *testNode
-	for _, n := range nodes {
-		if n.host.Group(testGroup) != leader {
-			lag = n
-			break
-		}
-	}
 	tr.SetFilter(func(from, to uint64, _ GroupMessage) bool { return from != lag.id && to != lag.id })
 	propose(t, leader, 300)
 	if first := leader.firstIndexForTest(); first < 100 {
@@ -385,25 +393,8 @@ func TestTransferOnlyByTheLeaderOfItsTerm(t *testing.T) {
 // fresh replica must catch up instead.
 func TestReAddDuringRemovalGrace(t *testing.T) {
 	tr := NewMemTransport()
-	var nodes []*testNode
-	for id := uint64(1); id <= 3; id++ {
-		nodes = append(nodes, startNodeWith(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond }))
-	}
-	defer func() {
-		for _, n := range nodes {
-			n.host.Stop()
-		}
-	}()
-	nodes[0].host.Group(testGroup).Campaign()
-	leader := waitLeader(t, groupsOf(nodes...)...)
+	_, leader, gone := startLedTrio(t, tr, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond })
 	propose(t, leader, 50)
-	var gone *testNode
-	for _, n := range nodes {
-		if n.host.Group(testGroup) != leader {
-			gone = n
-			break
-		}
-	}
 	waitCount(t, gone, 50)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -443,19 +434,10 @@ func TestReAddDuringRemovalGrace(t *testing.T) {
 // overload, failing writes with "leader changed"); ticks that came after
 // messages now count after them.
 func TestStalledLeaderKeepsLeadership(t *testing.T) {
-	tr := NewMemTransport()
-	voters := []uint64{1, 2, 3}
 	const election = 10
 	manual := func(c *Config) { c.TickInterval = time.Hour; c.ElectionTicks = election } // the test ticks
-	var nodes []*testNode
-	for _, id := range voters {
-		n := startNodeWith(t, tr, id, vfs.NewMem(), voters, manual)
-		defer n.stop(t, tr)
-		nodes = append(nodes, n)
-	}
-	g := nodes[0].host.Group(testGroup)
-	g.Campaign()
-	if waitLeader(t, groupsOf(nodes...)...) != g {
+	nodes, g, _ := startLedTrio(t, NewMemTransport(), manual)
+	if nodes[0].host.Group(testGroup) != g {
 		t.Fatal("node 1 campaigned but another leads")
 	}
 	propose(t, g, 1)
