@@ -108,6 +108,28 @@ cpu_report() {
 	join <(echo "$1") <(echo "$2") | awk -v s="$3" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
 }
 
+# node_io KIND N: "reads writes", the read and write system calls the
+# cluster's node processes made so far (/proc/PID/io: sockets, files).
+node_io() {
+	local kind=$1 n=$2 i pid
+	for ((i = 1; i <= n; i++)); do
+		pid=$(docker inspect -f '{{.State.Pid}}' "$PREFIX-$kind$i" 2>/dev/null) || continue
+		cat "/proc/$pid/io" 2>/dev/null || true
+	done | awk '/^syscr/ { r += $2 } /^syscw/ { w += $2 } END { print r + 0, w + 0 }'
+}
+
+# per_create CPU_BEFORE CPU_AFTER IO_BEFORE IO_AFTER OPS: the cluster's
+# CPU time and system calls per operation. Steadier from run to run than
+# the throughput on a small host, so the first place to look when a
+# change's effect on the throughput is lost in the noise.
+per_create() {
+	local cpu
+	cpu=$(join <(echo "$1") <(echo "$2") | awk '{ s += $5 - $2 } END { print s }')
+	awk -v cpu="$cpu" -v a="$3" -v b="$4" -v ops="$5" 'BEGIN {
+		split(a, x, " "); split(b, y, " ")
+		printf "%.0f us of node CPU, %.1f read and %.1f write system calls", cpu / 1000 / ops, (y[1] - x[1]) / ops, (y[2] - x[2]) / ops }'
+}
+
 # split points: the prefix of every resource, sorted.
 SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -sd, -)
 
@@ -167,9 +189,10 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
-	local b0 b1 c0 c1 t0 t1
+	local b0 b1 c0 c1 t0 t1 io0 io1
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
+	io0=$(node_io "$kind" "$n")
 	t0=$(date +%s.%N)
 	if ! "$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json"; then
 		say "$kind, $n node(s), $workload: FAILED"
@@ -178,8 +201,10 @@ measure() {
 	fi
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
+	io1=$(node_io "$kind" "$n")
 	t1=$(date +%s.%N)
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
 	local busy
 	busy=$(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
