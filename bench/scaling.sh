@@ -20,6 +20,15 @@
 # (load-based splits, fast rebalancing) and HOT_WARMUP warm-up puts under
 # the prefix, then waits HOT_SETTLE for replicas and leaders to move.
 #
+# Side by side (--side-by-side 3, the default): two independent 3-node
+# clusters, each under half the clients and half the creates, at the same
+# time. Their summed throughput is what twice the nodes would do with
+# perfect scaling *on this host*: six busy containers share the cores as
+# in the 6-node run, so the host's own slowdown with more busy containers
+# (on 2 cores every operation costs more CPU at 6 nodes, see README) is
+# the same in both, and "6 nodes / 2 x 3 side by side" isolates what the
+# design loses to its cross-node work.
+#
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
 set -euo pipefail
@@ -35,6 +44,7 @@ TOTAL=${TOTAL:-20000}             # creates per measurement
 WARMUP=${WARMUP:-2000}            # puts before measuring (leaders settle)
 RESOURCES=${RESOURCES:-configmaps,deployments,endpoints,events,leases,namespaces,nodes,pods,replicasets,secrets,serviceaccounts,services}
 HOT=${HOT:-1}                     # 1: also measure the one-prefix load
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-3}   # sizes N also measured as two N-node clusters side by side ("" for none)
 SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
 SEED=${SEED:-1}
@@ -44,7 +54,7 @@ HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-inte
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -168,9 +178,9 @@ start_cluster() {
 }
 
 stop_cluster() {
-	local kind=$1 n=$2 i
+	local kind=$1 n=$2 tag=${3:-} i
 	for ((i = 1; i <= n; i++)); do
-		docker logs "$PREFIX-$kind$i" >>"$OUT/$kind-$n-n$i.log" 2>&1 || true
+		docker logs "$PREFIX-$kind$i" >>"$OUT/$kind-$n$tag-n$i.log" 2>&1 || true
 		docker rm -f "$PREFIX-$kind$i" >/dev/null 2>&1 || true
 	done
 }
@@ -219,6 +229,58 @@ measure() {
 	printf '%s\t%s\t%s\n' "$label" "$n" "$thru" >>"$OUT/results.tsv"
 }
 
+# measure_pair KIND N: two N-node clusters of KIND side by side (see the
+# header), each loaded by its own brainbench with half the clients,
+# connections and creates; records their summed ops over the longer run's
+# time as "KIND (2 x N side by side)" at 2N nodes.
+measure_pair() {
+	local kind=$1 n=$2 label="$1 (2 x $2 side by side)" base=$PREFIX side eps=()
+	for side in a b; do
+		if ! PREFIX=$base-$side start_cluster "$kind" "$n"; then
+			FAILED=1
+			return 0
+		fi
+		eps+=("$EPS")
+	done
+	say "$label: $WARMUP warm-up puts each, then $((TOTAL / 2)) creates each, at the same time"
+	local i common=() pids=() jsons=() b0 b1 c0 c1 io0 io1 t0 t1
+	for i in 0 1; do
+		common=(--endpoints "${eps[i]}" --clients "$((CLIENTS / 2))" --conns "$((CONNS / 2))" --value-size "$VALUE_SIZE" --seed "$SEED")
+		[[ $HASHED == 1 ]] && common+=(--hashed-names)
+		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$RESOURCES" --quiet >/dev/null 2>&1 || true
+	done
+	b0=$(host_busy)
+	c0=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
+	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2 } END { print r, w }')
+	t0=$(date +%s.%N)
+	for i in 0 1; do
+		common=(--endpoints "${eps[i]}" --clients "$((CLIENTS / 2))" --conns "$((CONNS / 2))" --value-size "$VALUE_SIZE" --seed "$SEED")
+		[[ $HASHED == 1 ]] && common+=(--hashed-names)
+		jsons+=("$OUT/$kind-2x$n-$i.json")
+		"$BIN/brainbench" create "${common[@]}" --total "$((TOTAL / 2))" --resources "$RESOURCES" --json-out "${jsons[i]}" --quiet &
+		pids+=($!)
+	done
+	local failed=0
+	for i in 0 1; do wait "${pids[i]}" || failed=1; done
+	b1=$(host_busy)
+	c1=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
+	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2 } END { print r, w }')
+	t1=$(date +%s.%N)
+	for side in a b; do PREFIX=$base-$side stop_cluster "$kind" "$n" "-$side"; done
+	if ((failed)); then
+		say "$label: FAILED"
+		FAILED=1
+		return 0
+	fi
+	local thru
+	thru=$(for i in 0 1; do sed -n 's/.*"ops":\([0-9]*\).*"seconds":\([0-9.e+]*\).*/\1 \2/p' "${jsons[i]}" | tail -1; done | awk '{ o += $1; if ($2 > m) m = $2 } END { printf "%.1f", (m > 0 ? o / m : 0) }')
+	say "$label: $thru creates/s together"
+	say "$label: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	say "$label: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
+	say "$label: host CPU busy $(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')% during the creates"
+	printf '%s\t%s\t%s\n' "$label" "$((2 * n))" "$thru" >>"$OUT/results.tsv"
+}
+
 printf '# system\tnodes\tcreates/s (%s CPU per node, %s clients, %s B values)\n' "$CPUS" "$CLIENTS" "$VALUE_SIZE" >"$OUT/results.tsv"
 say "sizes: $SIZES; $CPUS CPU and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
 for n in $SIZES; do
@@ -239,6 +301,9 @@ for n in $SIZES; do
 			fi
 			stop_cluster "$kind" "$n"
 		fi
+		if [[ " $SIDE_BY_SIDE " == *" $n "* ]]; then
+			measure_pair "$kind" "$n"
+		fi
 	done
 done
 
@@ -246,8 +311,22 @@ echo
 echo "creates/s by cluster size ($CPUS CPU per node)"
 awk -F'\t' '!/^#/ { v[$1 FS $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 } ; if (!($2 in sz)) { sz[$2] = 1; sizes[++m] = $2 } }
 END {
-	printf "%-22s", "system"; for (j = 1; j <= m; j++) printf "%12s", sizes[j] " nodes"; printf "\n"
-	for (i = 1; i <= k; i++) { printf "%-22s", order[i]; for (j = 1; j <= m; j++) { x = v[order[i] FS sizes[j]]; printf "%12s", x == "" ? "-" : sprintf("%.0f", x) } ; printf "\n" }
+	printf "%-30s", "system"; for (j = 1; j <= m; j++) printf "%12s", sizes[j] " nodes"; printf "\n"
+	for (i = 1; i <= k; i++) { printf "%-30s", order[i]; for (j = 1; j <= m; j++) { x = v[order[i] FS sizes[j]]; printf "%12s", x == "" ? "-" : sprintf("%.0f", x) } ; printf "\n" }
+}' "$OUT/results.tsv"
+# Against the side-by-side pairs: N-node throughput over that of two
+# N/2-node clusters sharing the host the same way (1.00: perfect scaling
+# on this host), and the ratio to N/2 nodes that implies at equal host
+# contention (2 x that).
+awk -F'\t' '!/^#/ { v[$1 FS $2] = $3 }
+END {
+	for (key in v) {
+		split(key, f, FS)
+		if (f[1] !~ / side by side\)$/) continue
+		sys = f[1]; sub(/ \(2 x [0-9]+ side by side\)$/, "", sys)
+		if ((sys FS f[2]) in v && v[key] > 0)
+			printf "%s: %s nodes / 2 x %d side by side = %.2f (at equal host contention %s / %d nodes = %.2fx)\n", sys, f[2], f[2] / 2, v[sys FS f[2]] / v[key], f[2], f[2] / 2, 2 * v[sys FS f[2]] / v[key]
+	}
 }' "$OUT/results.tsv"
 (cd "$ROOT/tools/benchplot" && GOWORK=off go run . --in "$OUT/results.tsv" --out "$OUT/scaling.png" \
 	--title "creates/s vs nodes, $CPUS CPU per node" --ylabel "creates/s") || FAILED=1
