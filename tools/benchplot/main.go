@@ -96,6 +96,10 @@ var palette = []color.Color{
 	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+	color.RGBA{R: 0xe3, G: 0x77, B: 0xc2, A: 0xff},
+	color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
 }
 
 func render(series map[string][]point, title, ylabel, out string) error {
@@ -114,10 +118,12 @@ func render(series map[string][]point, title, ylabel, out string) error {
 	sort.Strings(names)
 	var ticks []plot.Tick
 	seen := map[int]bool{}
+	top := 0.0
 	for i, name := range names {
 		xys := make(plotter.XYs, len(series[name]))
 		for j, pt := range series[name] {
 			xys[j].X, xys[j].Y = float64(pt.nodes), pt.ops
+			top = max(top, pt.ops)
 			if !seen[pt.nodes] {
 				seen[pt.nodes] = true
 				ticks = append(ticks, plot.Tick{Value: float64(pt.nodes), Label: strconv.Itoa(pt.nodes)})
@@ -134,5 +140,7 @@ func render(series map[string][]point, title, ylabel, out string) error {
 		p.Legend.Add(name, line, points)
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	// Headroom above the highest point, under the legend.
+	p.Y.Max = top * 1.35
 	return p.Save(6*vg.Inch, 4*vg.Inch, out)
 }
