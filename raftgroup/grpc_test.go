@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3/raftpb"
@@ -44,9 +43,7 @@ func TestGRPCTransport(t *testing.T) {
 		cfg.NewReplica = func(group uint64) (StateMachine, error) {
 			return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
 		}
-		conns := peerconn.New(resolve)
-		t.Cleanup(conns.Close)
-		tr := NewGRPCTransport(id, conns, testLogger())
+		tr := NewGRPCTransport(id, resolve, testLogger())
 		h, err := NewHost(cfg, db, tr)
 		if err != nil {
 			t.Fatal(err)
