@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,27 +87,61 @@ func FreePortPair(t testing.TB) int {
 // ports, stopped when the test ends. It returns its client endpoint.
 func StartEtcd(t testing.TB) string {
 	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
-	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	cfg.InitialCluster = cfg.Name + "=" + pu.String()
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatalf("start etcd: %v", err)
+	return StartEtcdCluster(t, 1)[0]
+}
+
+// StartEtcdCluster starts an in-process etcd 3.6 cluster of n members on
+// free loopback ports, stopped when the test ends, and returns their client
+// endpoints once every member is ready.
+func StartEtcdCluster(t testing.TB, n int) []string {
+	t.Helper()
+	cfgs := make([]*embed.Config, n)
+	var initial []string
+	for i := range cfgs {
+		cfg := embed.NewConfig()
+		cfg.Name = fmt.Sprintf("e%d", i+1)
+		cfg.Dir = t.TempDir()
+		cfg.LogLevel = "error"
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		cu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+		pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+		initial = append(initial, cfg.Name+"="+pu.String())
+		cfgs[i] = cfg
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		e.Close()
-		t.Fatal("etcd did not become ready")
+	// Members block in StartEtcd until a quorum has started: start them
+	// concurrently.
+	etcds := make([]*embed.Etcd, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		cfg.InitialCluster = strings.Join(initial, ",")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			etcds[i], errs[i] = embed.StartEtcd(cfg)
+		}()
 	}
-	t.Cleanup(e.Close)
-	return cu.Host
+	wg.Wait()
+	for _, e := range etcds {
+		if e != nil {
+			t.Cleanup(e.Close)
+		}
+	}
+	var eps []string
+	for i, e := range etcds {
+		if errs[i] != nil {
+			t.Fatalf("start etcd %s: %v", cfgs[i].Name, errs[i])
+		}
+		select {
+		case <-e.Server.ReadyNotify():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("etcd %s did not become ready", cfgs[i].Name)
+		}
+		eps = append(eps, cfgs[i].ListenClientUrls[0].Host)
+	}
+	return eps
 }
 
 // Dial opens a raw gRPC connection to an endpoint.
