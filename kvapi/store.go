@@ -1129,11 +1129,13 @@ func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	return v, err
 }
 
-// RequestClose asks every partition to close rev (through its leader).
+// RequestClose asks every partition to close rev (through its leader), for
+// the watch frontier: a local follower replica gives rev a moment to close
+// by itself before it asks (partition.RequestCloseSoon).
 func (s *Store) RequestClose(rev int64) {
 	for _, rt := range s.table().routes {
 		if l := rt.local(); l != nil {
-			l.RequestClose(rev)
+			l.RequestCloseSoon(rev)
 		} else {
 			rt.forwardClose(rev)
 		}
