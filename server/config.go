@@ -101,6 +101,9 @@ type Config struct {
 	RaftWorkers int
 	// CacheBytes (--cache-bytes) is the storage block cache; default 128 MiB.
 	CacheBytes int64
+	// MemTableBytes (--memtable-bytes) is the storage memtable size;
+	// default 64 MiB.
+	MemTableBytes uint64
 	// Replicas (--replicas) is how many replicas each partition, the TSO
 	// and the meta group have (fewer if the cluster has fewer members);
 	// default 3.
