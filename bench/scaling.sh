@@ -50,7 +50,10 @@ SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
 SEED=${SEED:-1}
 HASHED=${HASHED:-1}               # 1: brainbench --hashed-names (writes anywhere under a prefix, as generated names)
-BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn} # extra brainnode flags
+# Extra brainnode flags. Watch feeds stay active, as they are behind a
+# kube-apiserver (its watches never close); without watchers a node would
+# stop merging events 30 s after start, part-way through a run.
+BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn --watch-feeds-idle-after -1s}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
