@@ -18,7 +18,7 @@ func Do(rec *Recorder, kv clientv3.KV, client int, in Input, timeout time.Durati
 	case Get:
 		resp, err := kv.Get(ctx, in.Key)
 		if out = unknown(err); err == nil {
-			out.Rev = resp.Header.Revision
+			out.Rev, out.Member = resp.Header.Revision, resp.Header.MemberId
 			if len(resp.Kvs) == 1 {
 				out.Exists, out.Value, out.Mod = true, string(resp.Kvs[0].Value), resp.Kvs[0].ModRevision
 			}
@@ -26,7 +26,7 @@ func Do(rec *Recorder, kv clientv3.KV, client int, in Input, timeout time.Durati
 	case Put:
 		resp, err := kv.Put(ctx, in.Key, in.Value)
 		if out = unknown(err); err == nil {
-			out.Rev, out.OK = resp.Header.Revision, true
+			out.Rev, out.OK, out.Member = resp.Header.Revision, true, resp.Header.MemberId
 		}
 	case CAS:
 		resp, err := kv.Txn(ctx).
@@ -34,12 +34,12 @@ func Do(rec *Recorder, kv clientv3.KV, client int, in Input, timeout time.Durati
 			Then(clientv3.OpPut(in.Key, in.Value)).
 			Else(clientv3.OpGet(in.Key)).Commit()
 		if out = unknown(err); err == nil {
-			out.Rev, out.OK = resp.Header.Revision, resp.Succeeded
+			out.Rev, out.OK, out.Member = resp.Header.Revision, resp.Succeeded, resp.Header.MemberId
 		}
 	case Delete:
 		resp, err := kv.Delete(ctx, in.Key)
 		if out = unknown(err); err == nil {
-			out.Rev, out.OK = resp.Header.Revision, resp.Deleted > 0
+			out.Rev, out.OK, out.Member = resp.Header.Revision, resp.Deleted > 0, resp.Header.MemberId
 		}
 	}
 	op.Out = out

@@ -65,6 +65,12 @@ func TestRevisionChecker(t *testing.T) {
 			t.Errorf("%s: not detected", name)
 		}
 	}
+	// A violation names the members that answered, when known.
+	stale := op(2, 40, 50, Input{Kind: Get, Key: "c"}, Output{Rev: 2, Member: 0xbe0a})
+	errs := CheckRevisions([]Op{good[0], good[1], stale})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "answered by member be0a") {
+		t.Errorf("violation %v does not name member be0a", errs)
+	}
 }
 
 func ev(key, val string, rev int64, prev *PrevKV) Event {

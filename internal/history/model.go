@@ -41,6 +41,10 @@ type Output struct {
 	Exists bool
 	Value  string
 	Mod    int64
+	// Member is the ID of the member that answered (the response header's
+	// member_id), so that a violation names the node behind it; 0 if the
+	// request failed.
+	Member uint64 `json:",omitempty"`
 }
 
 // IsWrite reports whether the operation changed the store (as far as the
@@ -177,6 +181,9 @@ func Model() porcupine.Model {
 				res = "absent"
 			default:
 				res = fmt.Sprintf("ok=%v rev=%d", out.OK, out.Rev)
+			}
+			if out.Member != 0 {
+				res += fmt.Sprintf(" from %x", out.Member)
 			}
 			switch in.Kind {
 			case Put:

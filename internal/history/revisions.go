@@ -18,7 +18,7 @@ func CheckRevisions(ops []Op) []error {
 			continue
 		}
 		if prev, ok := seen[op.Out.Rev]; ok {
-			errs = append(errs, fmt.Errorf("revision %d acknowledged twice: %v and %v", op.Out.Rev, prev.In, op.In))
+			errs = append(errs, fmt.Errorf("revision %d acknowledged twice: %v%s and %v%s", op.Out.Rev, prev.In, from(prev), op.In, from(op)))
 		}
 		seen[op.Out.Rev] = op
 		writes = append(writes, op)
@@ -45,13 +45,21 @@ func CheckRevisions(ops []Op) []error {
 		}
 		switch {
 		case op.IsWrite() && op.Out.Rev <= maxRev:
-			errs = append(errs, fmt.Errorf("write %v got revision %d, not above revision %d of %v acknowledged before it started", op.In, op.Out.Rev, maxRev, maxOp.In))
+			errs = append(errs, fmt.Errorf("write %v%s got revision %d, not above revision %d of %v%s acknowledged before it started", op.In, from(op), op.Out.Rev, maxRev, maxOp.In, from(maxOp)))
 		case op.Out.Rev < maxRev:
-			errs = append(errs, fmt.Errorf("%v saw header revision %d, below revision %d of %v acknowledged before it started", op.In, op.Out.Rev, maxRev, maxOp.In))
+			errs = append(errs, fmt.Errorf("%v%s saw header revision %d, below revision %d of %v%s acknowledged before it started", op.In, from(op), op.Out.Rev, maxRev, maxOp.In, from(maxOp)))
 		}
 		if len(errs) > 20 {
 			break
 		}
 	}
 	return errs
+}
+
+// from names the member that answered op, if known.
+func from(op Op) string {
+	if op.Out.Member == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (answered by member %x)", op.Out.Member)
 }
