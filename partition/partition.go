@@ -225,7 +225,7 @@ type Partition struct {
 
 	// soon coalesces RequestCloseSoon on a follower (see closeGrace).
 	soon struct {
-		grace time.Duration // closeGrace; tests lengthen it
+		grace time.Duration // closeGrace, set by New; tests lengthen it
 		sync.Mutex
 		want  int64 // highest revision asked for; protected by soon
 		seen  int64 // closed revision at the last check; protected by soon
@@ -542,6 +542,7 @@ const closeGrace = 10 * time.Millisecond
 // for closeGrace (requests meanwhile are coalesced). Readers waiting on a
 // revision use RequestClose (WaitClosed does).
 func (p *Partition) RequestCloseSoon(rev int64) {
+	p.revs.Observe(rev)
 	if p.closed.Load() >= rev {
 		return
 	}
