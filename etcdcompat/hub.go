@@ -17,8 +17,10 @@ import (
 
 // EventSource is what the hub needs from the store.
 type EventSource interface {
-	// RequestClose asks every partition to close revision rev.
-	RequestClose(rev int64)
+	// RequestCloseSoon asks every partition to close revision rev, for
+	// the watch frontier: partitions whose leaders close it by themselves
+	// need not be asked.
+	RequestCloseSoon(rev int64)
 	// CurrentRevision returns the TSO's current revision.
 	CurrentRevision() int64
 	// CompactRevision returns the compaction revision.
@@ -264,8 +266,10 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	}
 	h.mu.Unlock()
 	if wanted, _ := h.demand.get(); poke != 0 && wanted {
-		// Idle partitions hold the frontier back; ask them to close.
-		h.src.RequestClose(max(poke, h.src.CurrentRevision()))
+		// Idle partitions hold the frontier back; ask them to close what
+		// it needs (their leaders close up to the current revision they
+		// know, and a forwarded request tells them this node's).
+		h.src.RequestCloseSoon(poke)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 
 type nopSource struct{ closes []int64 }
 
-func (s *nopSource) RequestClose(rev int64)                  { s.closes = append(s.closes, rev) }
+func (s *nopSource) RequestCloseSoon(rev int64)              { s.closes = append(s.closes, rev) }
 func (s *nopSource) CurrentRevision() int64                  { return 0 }
 func (s *nopSource) CompactRevision() int64                  { return -1 }
 func (s *nopSource) PrevValue([]byte, int64) ([]byte, error) { return nil, nil }

@@ -498,6 +498,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 	if err != nil {
 		return node, err
 	}
+	soon := s.slot(group).closeSoon
 	for {
 		var m FeedMessage
 		if err := st.RecvMsg(&m); err != nil {
@@ -513,6 +514,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 		}
 		if m.Closed != 0 {
 			sink.Publish(group, partition.RevEvents{}, m.Closed)
+			soon.Closed(m.Closed)
 		}
 		// A local replica, once here, is the cheaper source; switch when
 		// it has caught up with what the stream delivered.

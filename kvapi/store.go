@@ -77,9 +77,12 @@ type route struct {
 // removed), and the close forwarder.
 type slot struct {
 	localp atomic.Pointer[partition.Partition]
-	// forwardClose asks the partition's leader to close a revision, for
-	// a node whose hub reads the partition's feed from another node.
+	// forwardClose asks the partition's leader to close a revision; for
+	// the watch hub of a node without a replica, closeSoon decides when
+	// (it sees the closed revisions of the partition's remote feed:
+	// feedRemote).
 	forwardClose func(rev int64)
+	closeSoon    *partition.CloseSoon
 }
 
 // local returns this node's replica, or nil.
@@ -203,7 +206,8 @@ func (s *Store) slot(id uint64) *slot {
 	defer s.slots.Unlock()
 	sl := s.slots.m[id]
 	if sl == nil {
-		sl = &slot{forwardClose: s.ForwardClose(id)}
+		fc := s.ForwardClose(id)
+		sl = &slot{forwardClose: fc, closeSoon: partition.NewCloseSoon(fc)}
 		s.slots.m[id] = sl
 	}
 	return sl
@@ -1129,15 +1133,29 @@ func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	return v, err
 }
 
-// RequestClose asks every partition to close rev (through its leader), for
-// the watch frontier: a local follower replica gives rev a moment to close
-// by itself before it asks (partition.RequestCloseSoon).
+// RequestClose asks every partition to close rev (through its leader) at
+// once, for a progress request or a consistent cut.
 func (s *Store) RequestClose(rev int64) {
+	for _, rt := range s.table().routes {
+		if l := rt.local(); l != nil {
+			l.RequestClose(rev)
+		} else {
+			rt.forwardClose(rev)
+		}
+	}
+}
+
+// RequestCloseSoon asks every partition to close rev, for the watch
+// frontier: a partition this node does not lead is asked only if its
+// leader does not close rev by itself (partition.CloseSoon), judged by the
+// closed revisions of the local follower replica or, without one, of the
+// partition's remote feed.
+func (s *Store) RequestCloseSoon(rev int64) {
 	for _, rt := range s.table().routes {
 		if l := rt.local(); l != nil {
 			l.RequestCloseSoon(rev)
 		} else {
-			rt.forwardClose(rev)
+			rt.closeSoon.Request(rev)
 		}
 	}
 }
@@ -1219,7 +1237,11 @@ func (s *Store) ForwardClose(id uint64) func(rev int64) {
 		mu.Unlock()
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = s.call(ctx, id, OpRequestClose, true, nil, func() ([]byte, error) { return ints(rev), nil }, nil)
+			// Up to the current revision this node knows (issued by
+			// the TSO), so that the leader closes ahead of what was
+			// asked for and the next request may not be needed.
+			ahead := max(rev, s.CurrentRevision())
+			_ = s.call(ctx, id, OpRequestClose, true, nil, func() ([]byte, error) { return ints(ahead), nil }, nil)
 			cancel()
 			mu.Lock()
 			inflight = 0

@@ -186,10 +186,8 @@ type Partition struct {
 	onSplit  func(SplitRecord)
 	overlaps func(id uint64, start, end []byte) bool
 
-	// closed is the applied closed revision; closedAt is when it last
-	// rose by an apply (unix nanoseconds; 0: not since start).
-	closed   atomic.Int64
-	closedAt atomic.Int64
+	// closed is the applied closed revision.
+	closed atomic.Int64
 	// waiting holds readers waiting for a revision to become readable, by
 	// revision; nwaiting counts them, so applies skip the bound when none
 	// wait. waiting.Mutex is taken after prop's, never before.
@@ -223,14 +221,9 @@ type Partition struct {
 		drainTerm uint64
 	}
 
-	// soon coalesces RequestCloseSoon on a follower (see closeGrace).
-	soon struct {
-		grace time.Duration // closeGrace, set by New; tests lengthen it
-		sync.Mutex
-		want  int64 // highest revision asked for; protected by soon
-		seen  int64 // closed revision at the last check; protected by soon
-		armed bool  // a check is pending; protected by soon
-	}
+	// soon decides when a follower forwards RequestCloseSoon; it sees
+	// every applied closed revision.
+	soon *CloseSoon
 
 	gc gcState
 
@@ -270,7 +263,11 @@ func New(cfg Config) (*Partition, error) {
 	p.prop.inflight = list.New()
 	p.load.rng = cfg.ID*0x9E3779B97F4A7C15 | 1
 	p.prop.unapplied = make(map[int64]int)
-	p.soon.grace = closeGrace
+	p.soon = NewCloseSoon(func(rev int64) {
+		if !p.stopped.Load() {
+			p.RequestClose(rev)
+		}
+	})
 	p.sp.Store(&span{start: cfg.Start, end: cfg.End})
 	if err := p.loadSpan(cfg.Start != nil || cfg.End != nil); err != nil {
 		return nil, err
@@ -373,7 +370,7 @@ func (p *Partition) LeadershipChanged(leader bool, term uint64) {
 func (p *Partition) published(evs RevEvents, closed int64) {
 	if closed > p.closed.Load() {
 		p.closed.Store(closed)
-		p.closedAt.Store(time.Now().UnixNano())
+		p.soon.Closed(closed)
 	}
 	p.notifyProgress()
 	p.lagGauge.Set(float64(p.revs.Current() - closed))
@@ -525,22 +522,10 @@ func (p *Partition) RequestClose(rev int64) {
 	}
 }
 
-// closeGrace is how long a follower replica whose closed revision moves
-// lets a revision the watch frontier needs (RequestCloseSoon) close by
-// itself before it asks the leader. A partition taking writes closes
-// revisions with them (every write carries the closed revision), and the
-// leader's node asks its own replica, locally, for the revisions its hub
-// sees; forwarding every request from every follower instead cost about a
-// quarter of a 3-node cluster's CPU per create (about one internal call per
-// create; see BenchmarkCreate in ./server). A partition whose closed
-// revision has not moved for closeGrace is idle: it is asked at once.
-const closeGrace = 10 * time.Millisecond
-
 // RequestCloseSoon is RequestClose for the watch frontier: on a follower
-// of a partition whose closed revision is moving, the request goes to the
-// leader only if the closed revision, still below rev, then stops moving
-// for closeGrace (requests meanwhile are coalesced). Readers waiting on a
-// revision use RequestClose (WaitClosed does).
+// the request goes to the leader as CloseSoon decides (at once if the
+// partition is idle, else only if its closed revision stops moving below
+// rev). Readers waiting on a revision use RequestClose (WaitClosed does).
 func (p *Partition) RequestCloseSoon(rev int64) {
 	p.revs.Observe(rev)
 	if p.closed.Load() >= rev {
@@ -549,39 +534,11 @@ func (p *Partition) RequestCloseSoon(rev int64) {
 	p.prop.Lock()
 	ready := p.prop.ready
 	p.prop.Unlock()
-	if ready || p.forwardClose == nil || time.Since(time.Unix(0, p.closedAt.Load())) >= p.soon.grace {
+	if ready || p.forwardClose == nil {
 		p.RequestClose(rev)
 		return
 	}
-	p.soon.Lock()
-	defer p.soon.Unlock()
-	p.soon.want = max(p.soon.want, rev)
-	if !p.soon.armed {
-		p.soon.armed = true
-		p.soon.seen = p.closed.Load()
-		time.AfterFunc(p.soon.grace, p.checkCloseSoon)
-	}
-}
-
-// checkCloseSoon runs closeGrace after RequestCloseSoon armed it: done if
-// the wanted revision closed, again later if the closed revision moved,
-// otherwise it asks the leader.
-func (p *Partition) checkCloseSoon() {
-	p.soon.Lock()
-	want, closed := p.soon.want, p.closed.Load()
-	switch {
-	case p.stopped.Load() || closed >= want:
-		p.soon.armed = false
-	case closed > p.soon.seen:
-		p.soon.seen = closed
-		time.AfterFunc(p.soon.grace, p.checkCloseSoon)
-	default:
-		p.soon.armed = false
-		p.soon.Unlock()
-		p.RequestClose(want)
-		return
-	}
-	p.soon.Unlock()
+	p.soon.Request(rev)
 }
 
 // closeCandidateLocked is the highest revision the leader can promise

@@ -630,10 +630,10 @@ func TestCloseFailsWaitingReaders(t *testing.T) {
 	}
 }
 
-// TestRequestCloseSoon checks how a follower asks its leader to close a
-// revision for the watch frontier: at once when its closed revision is not
-// moving, and otherwise only if it stops moving below the revision asked
-// for, with the requests in between coalesced into one.
+// TestRequestCloseSoon checks a follower replica's RequestCloseSoon: it
+// forwards to the leader what its applied closed revision does not reach
+// by itself (CloseSoon, with the closed revisions applied), and nothing
+// when the applies reach it.
 func TestRequestCloseSoon(t *testing.T) {
 	fwd := make(chan int64, 16)
 	p, err := New(Config{ID: 100, Start: []byte{}, DB: openDB(t), Revisions: newFakeRevs(), Leases: allLeases{},
@@ -642,64 +642,27 @@ func TestRequestCloseSoon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	// Longer than the default, so that a loaded machine's scheduling
-	// delays between the steps below stay well inside it.
 	grace := 200 * time.Millisecond
 	p.soon.grace = grace
-	expect := func(want int64, within time.Duration) {
-		t.Helper()
-		select {
-		case got := <-fwd:
-			if got != want {
-				t.Fatalf("forwarded a close of %d, want %d", got, want)
-			}
-		case <-time.After(within):
-			t.Fatalf("no close of %d forwarded within %v", want, within)
-		}
-	}
-	expectNone := func(d time.Duration) {
-		t.Helper()
-		select {
-		case got := <-fwd:
-			t.Fatalf("forwarded a close of %d, want none", got)
-		case <-time.After(d):
-		}
-	}
-	moved := func(closed int64) {
-		p.closed.Store(closed)
-		p.closedAt.Store(time.Now().UnixNano())
-	}
-
-	// Not moving (never closed anything since start): asked at once.
+	// Applied closes reach it: nothing forwarded.
 	p.RequestCloseSoon(5)
-	expect(5, grace/2)
-
-	// Moving, and it reaches what was asked for: nothing forwarded.
-	moved(6)
+	time.Sleep(grace / 4)
+	p.published(RevEvents{}, 5)
+	select {
+	case got := <-fwd:
+		t.Fatalf("forwarded a close of %d, want none", got)
+	case <-time.After(2 * grace):
+	}
+	// They stop short: the highest revision wanted is forwarded.
 	p.RequestCloseSoon(8)
 	p.RequestCloseSoon(9)
-	moved(9)
-	expectNone(4 * grace)
-
-	// Moving, then stuck below: one forward, of the highest asked for.
-	moved(10)
-	p.RequestCloseSoon(12)
-	p.RequestCloseSoon(14)
-	expectNone(grace / 2)
-	expect(14, 5*grace)
-	expectNone(2 * grace)
-
-	// Moving in steps below what was asked for: it waits while the
-	// closed revision moves, then asks once it stops.
-	moved(15)
-	p.RequestCloseSoon(30)
-	for c := int64(16); c < 20; c++ {
-		time.Sleep(grace / 2)
-		moved(c)
+	p.published(RevEvents{}, 6)
+	select {
+	case got := <-fwd:
+		if got != 9 {
+			t.Fatalf("forwarded a close of %d, want 9", got)
+		}
+	case <-time.After(5 * grace):
+		t.Fatal("no close forwarded")
 	}
-	expect(30, 5*grace)
-
-	// Already closed: nothing to ask.
-	p.RequestCloseSoon(19)
-	expectNone(2 * grace)
 }

@@ -139,3 +139,54 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchWithIdleLeaders: only node 1 watches, so the leaders of the
+// partitions elsewhere (their nodes' feeds idle) close nothing by
+// themselves, and node 1 must ask them (through its follower replicas and,
+// for the partition it has no replica of on 4 nodes, through the remote
+// feed's view): every write's event arrives, each within a bound far
+// above the close waits (a partition never asked would hold the watch
+// frontier, and the event, back for good).
+func TestWatchWithIdleLeaders(t *testing.T) {
+	c, ctx, c1 := startServing(t, 4, server.Config{WatchFeedsIdleAfter: 300 * time.Millisecond}, 120*time.Second)
+	for i, n := range c.Nodes {
+		eventually(t, 10*time.Second, fmt.Sprintf("node %d idles its feeds", i+1), func() (bool, string) {
+			v := feedsWanted(t, n)
+			return v == 0, fmt.Sprint("brain_watch_feeds_wanted ", v)
+		})
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	var wch clientv3.WatchChan
+	for attempt := 0; ; attempt++ {
+		wch = c1.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		wr := <-wch
+		if wr.Created {
+			break
+		}
+		if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
+			t.Fatalf("watch not created: %v", wr.Err())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for round := 0; round < 3; round++ {
+		for _, k := range memberKeys {
+			key := fmt.Sprintf("%s/idle-%d", k, round)
+			r, err := c1.Put(ctx, key, "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case wr := <-wch:
+				if err := wr.Err(); err != nil {
+					t.Fatalf("watch: %v", err)
+				}
+				if len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != key || wr.Events[0].Kv.ModRevision != r.Header.Revision {
+					t.Fatalf("put %s at %d: watch delivered %v", key, r.Header.Revision, wr.Events)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("put %s at %d: no event within 5s", key, r.Header.Revision)
+			}
+		}
+	}
+}
