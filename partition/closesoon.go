@@ -38,8 +38,9 @@ const closeProbeEvery = time.Second
 // closes the wanted revisions by itself, a request waits for the closed
 // revision to reach it (waitLocked, again each time it moves) and asks
 // the leader only if it stops short; requests meanwhile are coalesced
-// into one, of the highest revision. Once a wait ended in asking,
-// requests ask at once, but for one wait every closeProbeEvery. A
+// into one, of the highest revision. Once a wait in which the closed
+// revision did not move at all ended in asking, requests ask at once, but
+// for one wait every closeProbeEvery. A
 // follower replica uses one with its applied closed revision
 // (Partition.RequestCloseSoon), a node without a replica with the closed
 // revisions its remote feed delivers (kvapi). Progress requests and
@@ -56,6 +57,7 @@ type CloseSoon struct {
 	pace      time.Duration // moving average of the time between rises; protected by mu
 	want      int64         // highest revision wanted; protected by mu
 	seen      int64         // closed revision at the last check; protected by mu
+	start     int64         // closed revision when the wait began; protected by mu
 	armed     bool          // a check is pending; protected by mu
 	impatient bool          // the last wait ended in asking; protected by mu
 	probedAt  time.Time     // when it became impatient; protected by mu
@@ -108,6 +110,7 @@ func (c *CloseSoon) Request(rev int64) {
 	if !c.armed {
 		c.armed = true
 		c.seen = c.closed.Load()
+		c.start = c.seen
 		time.AfterFunc(c.waitLocked(), c.check)
 	}
 }
@@ -126,9 +129,16 @@ func (c *CloseSoon) check() {
 		c.seen = closed
 		time.AfterFunc(c.waitLocked(), c.check)
 	default:
+		// The leader did not close what was wanted by itself. If the
+		// closed revision did not move at all meanwhile, it does not
+		// close by itself (its node's hub is idle): ask at once from now
+		// on. If it moved, the leader only was slow (a stall, a burst):
+		// keep waiting next time.
 		c.armed = false
-		c.impatient = true
-		c.probedAt = time.Now()
+		if closed == c.start {
+			c.impatient = true
+			c.probedAt = time.Now()
+		}
 		c.mu.Unlock()
 		c.ask(want)
 		return

@@ -8,8 +8,9 @@ import (
 // TestCloseSoon checks when a node that does not lead a partition asks
 // its leader to close a revision for the watch frontier: not while the
 // leader closes it by itself, once (the highest revision wanted) when the
-// closed revision stops short, at once after a wait ended in asking, and
-// patiently again after the probe interval.
+// closed revision stops short, at once after a wait in which the closed
+// revision did not move at all ended in asking, and patiently again after
+// the probe interval.
 func TestCloseSoon(t *testing.T) {
 	asked := make(chan int64, 16)
 	c := NewCloseSoon(func(rev int64) { asked <- rev })
@@ -60,22 +61,30 @@ func TestCloseSoon(t *testing.T) {
 	expectNone(grace / 4)
 	expect(30, 5*grace)
 	expectNone(grace)
+	c.Closed(30)
 
-	// After a wait that ended in asking: asked at once.
+	// The closed revision moved during that wait (a slow leader, not an
+	// idle one): the next request waits again.
 	c.Request(31)
-	expect(31, grace/2)
-	c.Closed(31)
+	expectNone(grace / 2)
+	expect(31, 5*grace)
+
+	// That wait saw no move at all (the leader does not close by
+	// itself): from now on asked at once.
+	c.Request(32)
+	expect(32, grace/2)
+	c.Closed(32)
 
 	// After the probe interval it waits again, and finding the leader
 	// closing by itself it stays patient.
 	time.Sleep(c.probe)
-	c.Request(32)
-	expectNone(grace / 2)
-	c.Closed(32)
-	expectNone(grace)
 	c.Request(33)
 	expectNone(grace / 2)
 	c.Closed(33)
+	expectNone(grace)
+	c.Request(34)
+	expectNone(grace / 2)
+	c.Closed(34)
 	expectNone(grace)
 
 	// The wait follows the pace of the closed revision: four times the
