@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -119,6 +121,7 @@ func benchCreate(b *testing.B, endpoints []string, clients int, resources []stri
 	value := strings.Repeat("v", 1024)
 	var next atomic.Int64
 	var failed atomic.Value
+	var retries atomic.Int64
 	b.ReportAllocs()
 	cpu0, r0, w0 := processCPU(b), procIO(b, "syscr"), procIO(b, "syscw")
 	b.ResetTimer()
@@ -133,14 +136,25 @@ func benchCreate(b *testing.B, endpoints []string, clients int, resources []stri
 					return
 				}
 				key := fmt.Sprintf("/registry/%s/ns%d/obj-%d", resources[i%int64(len(resources))], i%7, i)
-				resp, err := cl.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).
-					Then(clientv3.OpPut(key, value)).Else(clientv3.OpGet(key)).Commit()
-				if err == nil && !resp.Succeeded {
-					err = fmt.Errorf("create %s: key exists", key)
-				}
-				if err != nil {
-					failed.CompareAndSwap(nil, err)
-					return
+				for attempt := 0; ; attempt++ {
+					resp, err := cl.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).
+						Then(clientv3.OpPut(key, value)).Else(clientv3.OpGet(key)).Commit()
+					if err == nil && !resp.Succeeded && attempt == 0 {
+						err = fmt.Errorf("create %s: key exists", key)
+					}
+					// Like kube's clients, retry a create that failed for
+					// want of a leader (an earlier attempt may have
+					// written the key); the retries are reported.
+					if (errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrLeaderChanged)) && attempt < 20 {
+						retries.Add(1)
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					if err != nil {
+						failed.CompareAndSwap(nil, err)
+						return
+					}
+					break
 				}
 			}
 		}()
@@ -150,6 +164,7 @@ func benchCreate(b *testing.B, endpoints []string, clients int, resources []stri
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric(float64(procIO(b, "syscr")-r0)/float64(b.N), "reads/op")
 	b.ReportMetric(float64(procIO(b, "syscw")-w0)/float64(b.N), "writes/op")
+	b.ReportMetric(float64(retries.Load())/float64(b.N), "retries/op")
 	if err, _ := failed.Load().(error); err != nil {
 		b.Fatal(err)
 	}
