@@ -2,8 +2,10 @@ package raftgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -479,5 +481,100 @@ func TestStalledLeaderKeepsLeadership(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if st := g.Status(); !st.IsLeader || st.Term != term {
 		t.Fatalf("leader stepped down after a stall though its followers' responses came before the timeout ended: %+v", st)
+	}
+}
+
+// inOneRound proposes cmd(1..n) on g so that g's worker takes them all in
+// one round: the scheduler is held while the proposals queue up. It
+// returns what each proposal's callback got (a result or an error).
+func inOneRound(t *testing.T, g *Group, n int) []any {
+	t.Helper()
+	out := make(chan any, n)
+	g.host.sched.mu.Lock()
+	for i := 1; i <= n; i++ {
+		go g.ProposeAsync(cmd(uint64(i)), func(res any, err error) {
+			if err != nil {
+				out <- err
+				return
+			}
+			out <- res
+		})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g.inbox.Lock()
+		queued := len(g.inbox.props)
+		g.inbox.Unlock()
+		if queued == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			g.host.sched.mu.Unlock()
+			t.Fatalf("%d of %d proposals queued", queued, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	g.host.sched.mu.Unlock()
+	res := make([]any, 0, n)
+	for range n {
+		select {
+		case r := <-out:
+			res = append(res, r)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%d of %d proposals answered", len(res), n)
+		}
+	}
+	return res
+}
+
+// TestRoundProposalsShareAppends: the proposals a leader takes in one round
+// reach a follower in one append message (not one each, plus one each to
+// announce its commit), apply once each in one order on every replica, and
+// each gets its own result; on a follower the whole round is refused.
+func TestRoundProposalsShareAppends(t *testing.T) {
+	tr := NewMemTransport()
+	nodes, leader, follower := startLedTrio(t, tr, nil)
+	var appends, empty atomic.Int64
+	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
+		if to == follower.id && m.Group == testGroup && m.Msg.Type == raftpb.MsgApp {
+			if len(m.Msg.Entries) > 0 {
+				appends.Add(1)
+			} else {
+				empty.Add(1)
+			}
+		}
+		return true
+	})
+	const n = 100
+	var got []uint64
+	for _, r := range inOneRound(t, leader, n) {
+		v, ok := r.(uint64)
+		if !ok {
+			t.Fatalf("a proposal failed: %v", r)
+		}
+		got = append(got, v)
+	}
+	slices.Sort(got)
+	for i := 1; i < n; i++ {
+		if got[i] != got[i-1]+1 {
+			t.Fatalf("results are not one per applied command: %v", got)
+		}
+	}
+	for _, nd := range nodes {
+		waitCount(t, nd, got[n-1])
+		if _, sum := readCounter(t, nd.db, testGroup); sum != n*(n+1)/2 {
+			t.Fatalf("node %d: sum of applied commands %d, want %d", nd.id, sum, n*(n+1)/2)
+		}
+	}
+	// One round: one append with entries, one to announce the commit
+	// (either may be resent, and a tick may have split the round).
+	if a, e := appends.Load(), empty.Load(); a > 4 || e > 4 {
+		t.Fatalf("%d proposals in one round took %d append messages with entries and %d without to one follower", n, a, e)
+	}
+
+	for _, r := range inOneRound(t, follower.host.Group(testGroup), 10) {
+		if err, _ := r.(error); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("a proposal on a follower got %v, want ErrNotLeader", r)
+		}
 	}
 }
