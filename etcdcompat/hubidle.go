@@ -41,7 +41,10 @@ func newFeedDemand(idleAfter time.Duration) *feedDemand {
 	d.gauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "brain_watch_feeds_wanted", Help: "1 while this node merges the partitions' events for its watchers; 0 after it had no watcher for --watch-feeds-idle-after."})
 	d.gauge.Set(1)
 	if idleAfter > 0 {
+		// Under mu: a short idleAfter can fire before the assignment.
+		d.mu.Lock()
 		d.timer = time.AfterFunc(idleAfter, d.idle)
+		d.mu.Unlock()
 	}
 	return d
 }
