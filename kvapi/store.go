@@ -1089,16 +1089,28 @@ func (s *Store) eventsIn(t *table, from, to int64, key, end []byte, maxRevs int)
 // remoteReadTimeout bounds a read the watch path makes on another node.
 const remoteReadTimeout = 10 * time.Second
 
+// partitionEvents reads a partition's event log up to to, which the
+// caller's hub knows the partition closed: from the local replica once it
+// is final there (its closed revision, or, as sole voter and leader, what
+// it knows applied), else from the leader, which waits for it. The local
+// check is made again before every attempt: a single node has no other
+// node to ask, and its replica's bound rises as its writes apply.
 func (s *Store) partitionEvents(rt *route, from, to int64, key, end []byte, maxRevs int) ([]partition.RevEvents, int64, bool, error) {
-	if l := rt.local(); l != nil && l.Closed() >= to {
-		return l.Events(from, to, key, end, maxRevs)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
 	defer cancel()
 	var evs []partition.RevEvents
 	var next int64
 	var more bool
-	err := s.call(ctx, rt.ID, OpEvents, true, nil, func() ([]byte, error) {
+	local := func() (bool, error) {
+		l := rt.local()
+		if l == nil || !l.ReadableAt(to) {
+			return false, nil
+		}
+		var err error
+		evs, next, more, err = l.Events(from, to, key, end, maxRevs)
+		return true, err
+	}
+	err := s.call(ctx, rt.ID, OpEvents, true, local, func() ([]byte, error) {
 		b := ints(from, to, int64(maxRevs))
 		b = binary.AppendUvarint(b, uint64(len(key)))
 		b = append(b, key...)
