@@ -68,3 +68,10 @@ func toGRPCError(err error) error {
 	}
 	return status.Error(codes.Unknown, err.Error())
 }
+
+// transient reports whether err is one etcd clients retry: etcd's answer
+// for it is Unavailable (no leader, leader changed, a timeout, a stopping
+// member).
+func transient(err error) bool {
+	return status.Code(toGRPCError(err)) == codes.Unavailable
+}

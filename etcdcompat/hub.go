@@ -83,6 +83,9 @@ type Hub struct {
 	lag      prometheus.Histogram
 	watchers prometheus.Gauge
 	catchups prometheus.Counter
+	// catchupRetries counts event-log reads that failed for want of a
+	// leader (or a replica) and are retried.
+	catchupRetries prometheus.Counter
 	// slowCancels counts watchers canceled for falling behind compaction.
 	slowCancels prometheus.Counter
 	encodes     prometheus.Counter
@@ -157,11 +160,12 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.watchers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "brain_watchers", Help: "Open watches."})
 	h.slowCancels = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_slow_cancellations_total", Help: "Watches canceled (with the compaction revision, as etcd does) because they were still catching up when compaction removed the events they had yet to read."})
 	h.catchups = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchups_total", Help: "Reads of the event logs by watchers behind the in-memory ring."})
+	h.catchupRetries = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchup_retries_total", Help: "Event-log reads of watchers behind the ring that failed because a partition had no reachable leader or replica; the watch stays open and reads again."})
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.slowCancels, h.encodes, h.frames, h.duplicates)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.slowCancels, h.encodes, h.frames, h.duplicates)
 	}
 	return h
 }

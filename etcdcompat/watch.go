@@ -52,7 +52,23 @@ type watchStream struct {
 	progressTarget int64
 	// lastHeader is the highest header revision sent on the stream.
 	lastHeader int64
+	// retryIn is the wait before the next delivery attempt after an
+	// event-log read failed for a transient reason (0: none failed).
+	retryIn time.Duration
 }
+
+// Waits between delivery attempts of a watcher whose event-log read failed
+// for want of a leader: a partition's leader is being elected (a node
+// restarted) or its replicas are down. The watch stays open and stalls,
+// as an etcd watch does while its cluster has no leader.
+const (
+	minCatchupRetry = 50 * time.Millisecond
+	maxCatchupRetry = 2 * time.Second
+)
+
+// errCatchupLater reports that a watcher's event-log read failed for a
+// reason that passes (the watcher keeps its place and reads again).
+var errCatchupLater = errors.New("etcdcompat: event-log read failed; retrying")
 
 func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
@@ -69,7 +85,7 @@ func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	go func() { recvErr <- sws.recvLoop() }()
 	err := sws.sendLoop(recvErr)
 	ws.s.hub.watchRemoved(len(sws.watchers))
-	return err
+	return toGRPCError(err)
 }
 
 // control is a request from the client for the send loop, with the
@@ -122,17 +138,23 @@ func (sws *watchStream) sendLoop(recvErr <-chan error) error {
 	ctx := sws.stream.Context()
 	ticker := time.NewTicker(sws.s.cfg.ProgressNotifyInterval)
 	defer ticker.Stop()
+	var retry <-chan time.Time
 	for {
 		frontier, changed := sws.s.hub.Frontier()
+		failed := false
 		for _, w := range sws.watchers {
-			if err := sws.deliver(w, frontier); err != nil {
+			if err := sws.deliver(w, frontier); errors.Is(err, errCatchupLater) {
+				failed = true
+			} else if err != nil {
 				return err
 			}
 		}
+		retry = sws.scheduleRetry(failed)
 		if err := sws.maybeProgress(); err != nil {
 			return err
 		}
 		select {
+		case <-retry:
 		case <-ctx.Done():
 			return watchCtxErr(ctx.Err())
 		case err := <-recvErr:
@@ -151,6 +173,18 @@ func (sws *watchStream) sendLoop(recvErr <-chan error) error {
 			}
 		}
 	}
+}
+
+// scheduleRetry returns when to attempt delivery again after a round in
+// which some watcher's event-log read failed (nil if none did), backing
+// off from minCatchupRetry to maxCatchupRetry while reads keep failing.
+func (sws *watchStream) scheduleRetry(failed bool) <-chan time.Time {
+	if !failed {
+		sws.retryIn = 0
+		return nil
+	}
+	sws.retryIn = min(max(2*sws.retryIn, minCatchupRetry), maxCatchupRetry)
+	return time.After(sws.retryIn)
 }
 
 func watchCtxErr(err error) error {
@@ -254,6 +288,13 @@ func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 	}
 	sws.watchers[id] = w
 	sws.s.hub.watchAdded()
+	if frontier, _ := sws.s.hub.Frontier(); w.next <= cur && frontier < cur {
+		// A watch from the past is owed everything up to now. The hub asks
+		// idle partitions to close only for events it holds; after a
+		// restart, with no write since, nothing else would move the
+		// frontier past what the partitions had closed.
+		sws.s.hub.src.RequestCloseSoon(cur)
+	}
 	return nil
 }
 
@@ -281,11 +322,14 @@ type frame struct {
 	oldest time.Time
 }
 
-// deliver sends w every event up to frontier it has not seen.
+// deliver sends w every event up to frontier it has not seen. It returns
+// errCatchupLater if an event-log read failed for a passing reason, after
+// sending what it had read.
 func (sws *watchStream) deliver(w *watcher, frontier int64) error {
+	src := sws.s.hub.src // the store
 	fr := frame{header: frontier}
 	for w.next <= frontier {
-		compact := sws.s.store.CompactRevision()
+		compact := src.CompactRevision()
 		if w.next < compact {
 			return sws.fellBehind(w, compact)
 		}
@@ -294,11 +338,20 @@ func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 			// Behind the ring: read the event logs, then re-check that no
 			// compaction removed what we read from.
 			sws.s.hub.catchups.Inc()
-			evs, next, err := sws.s.store.Events(w.next, frontier, w.key, w.end, 1024)
+			evs, next, err := src.Events(w.next, frontier, w.key, w.end, 1024)
 			if err != nil {
-				return err
+				if !transient(err) {
+					return err
+				}
+				// Send what this watcher has so far (w.next is past it)
+				// and read from w.next again later.
+				sws.s.hub.catchupRetries.Inc()
+				if err := sws.flush(w, &fr); err != nil {
+					return err
+				}
+				return errCatchupLater
 			}
-			if c := sws.s.store.CompactRevision(); w.next < c {
+			if c := src.CompactRevision(); w.next < c {
 				return sws.fellBehind(w, c)
 			}
 			for _, re := range evs {
