@@ -287,11 +287,13 @@ func tail(b []byte, n int) []byte {
 //     lacks: the read waited out its 7s timeout, and the watch ended with
 //     "no leader reachable" (as gRPC code Unknown). Now the local replica
 //     serves once the revision is final there, checked on every attempt.
-//   - When the frontier started low instead, nothing asked the idle
-//     partitions to close (the hub asks only for events it holds), so
-//     the watch got the first events and then nothing until some write.
-//     Now a watch created behind the current revision asks for it (this
-//     one fails about one run in three without that).
+//   - Now and then the frontier sat below the current revision with no
+//     event pending, and nothing asked the idle partitions to close (the
+//     hub asks only for events it holds): the watch got the first events
+//     and then nothing until some write. Now a watch created behind the
+//     current revision asks for it. Without that this test fails about
+//     one run in three; which start of the frontier (at startup, or when
+//     the feeds idled and resumed) leaves it low was not pinned down.
 func TestWatchFromStartAfterRestart(t *testing.T) {
 	dir := t.TempDir()
 	// Feeds that idle at once leave idle partitions' closed revisions
