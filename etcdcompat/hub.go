@@ -41,7 +41,11 @@ type HubConfig struct {
 	// IdleFeedsAfter is how long the hub keeps its feeds running without
 	// a watcher (see hubidle.go). 0 means 30s; negative, forever.
 	IdleFeedsAfter time.Duration
-	Registerer     prometheus.Registerer
+	// AskAgainAfter is how long an event may wait for the frontier before
+	// the hub asks the partitions to close again, and again each time as
+	// long while it still waits. 0 means 1s.
+	AskAgainAfter time.Duration
+	Registerer    prometheus.Registerer
 }
 
 // Hub merges the partitions' feeds into one stream totally ordered by
@@ -73,6 +77,8 @@ type Hub struct {
 		pending    entryHeap // rev > frontier; protected by mu
 		maxPending int64     // protected by mu
 		lastPoke   int64     // protected by mu
+		asking     bool      // askAgain is scheduled; protected by mu
+		stopped    bool      // Stop was called; protected by mu
 		ring       []*entry  // released, ascending; protected by mu
 		ringStart  int64     // every released event >= ringStart is in ring
 		ringEvents int
@@ -86,6 +92,8 @@ type Hub struct {
 	// catchupRetries counts event-log reads that failed for want of a
 	// leader (or a replica) and are retried.
 	catchupRetries prometheus.Counter
+	// asksAgain counts close requests repeated for events held too long.
+	asksAgain prometheus.Counter
 	// slowCancels counts watchers canceled for falling behind compaction.
 	slowCancels prometheus.Counter
 	encodes     prometheus.Counter
@@ -149,6 +157,9 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	if cfg.IdleFeedsAfter == 0 {
 		cfg.IdleFeedsAfter = 30 * time.Second
 	}
+	if cfg.AskAgainAfter == 0 {
+		cfg.AskAgainAfter = time.Second
+	}
 	h := &Hub{cfg: cfg, src: src, demand: newFeedDemand(cfg.IdleFeedsAfter)}
 	h.mu.closed = make(map[uint64]int64)
 	h.mu.seen = make(map[uint64]map[int64]struct{})
@@ -161,11 +172,12 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.slowCancels = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_slow_cancellations_total", Help: "Watches canceled (with the compaction revision, as etcd does) because they were still catching up when compaction removed the events they had yet to read."})
 	h.catchups = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchups_total", Help: "Reads of the event logs by watchers behind the in-memory ring."})
 	h.catchupRetries = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchup_retries_total", Help: "Event-log reads of watchers behind the ring that failed because a partition had no reachable leader or replica; the watch stays open and reads again."})
+	h.asksAgain = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_close_requests_repeated_total", Help: "Close requests the watch hub sent again because an event had waited for the watch frontier longer than a second (the first request was lost with a leader change, or a partition closes slowly)."})
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.slowCancels, h.encodes, h.frames, h.duplicates)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates)
 	}
 	return h
 }
@@ -268,6 +280,10 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 		poke = h.mu.maxPending
 		h.mu.lastPoke = poke
 	}
+	if len(h.mu.pending) > 0 && !h.mu.asking && !h.mu.stopped {
+		h.mu.asking = true
+		time.AfterFunc(h.cfg.AskAgainAfter, h.askAgain)
+	}
 	h.mu.Unlock()
 	if wanted, _ := h.demand.get(); poke != 0 && wanted {
 		// Idle partitions hold the frontier back; ask them to close what
@@ -275,6 +291,42 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 		// know, and a forwarded request tells them this node's).
 		h.src.RequestCloseSoon(poke)
 	}
+}
+
+// askAgain runs while events are held: if the lowest has waited
+// AskAgainAfter, it asks the partitions to close again. A close request is
+// asked once and can be lost - the leader it reached lost its leadership
+// before closing, a forwarded request failed - and the partition's new
+// leader closes nothing by itself when its node has no watcher; without
+// asking again the frontier, and this node's watches, would stop for good.
+func (h *Hub) askAgain() {
+	h.mu.Lock()
+	if len(h.mu.pending) == 0 || h.mu.stopped {
+		h.mu.asking = false
+		h.mu.Unlock()
+		return
+	}
+	var poke int64
+	wait := h.cfg.AskAgainAfter - time.Since(h.mu.pending[0].at)
+	if wait <= 0 {
+		poke = h.mu.maxPending
+		h.mu.lastPoke = max(h.mu.lastPoke, poke)
+		wait = h.cfg.AskAgainAfter
+	}
+	time.AfterFunc(wait, h.askAgain)
+	h.mu.Unlock()
+	if wanted, _ := h.demand.get(); poke != 0 && wanted {
+		h.asksAgain.Inc()
+		h.src.RequestCloseSoon(poke)
+	}
+}
+
+// Stop stops the hub asking partitions to close revisions; call it before
+// the event source stops.
+func (h *Hub) Stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mu.stopped = true
 }
 
 // advanceLocked moves the frontier to the lowest closed revision and

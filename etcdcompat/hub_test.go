@@ -1,15 +1,33 @@
 package etcdcompat
 
 import (
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/brainkv/brain/partition"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
-type nopSource struct{ closes []int64 }
+type nopSource struct {
+	mu     sync.Mutex
+	closes []int64 // protected by mu
+}
 
-func (s *nopSource) RequestCloseSoon(rev int64)              { s.closes = append(s.closes, rev) }
+func (s *nopSource) RequestCloseSoon(rev int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closes = append(s.closes, rev)
+}
+
+// asked returns the revisions RequestCloseSoon was called with.
+func (s *nopSource) asked() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.closes)
+}
+
 func (s *nopSource) CurrentRevision() int64                  { return 0 }
 func (s *nopSource) CompactRevision() int64                  { return -1 }
 func (s *nopSource) PrevValue([]byte, int64) ([]byte, error) { return nil, nil }
@@ -46,7 +64,7 @@ func TestHubReleasesInRevisionOrder(t *testing.T) {
 	if es, _ := h.entries(2, 10); len(es) != 0 {
 		t.Fatalf("released %v before the frontier passed them", revs(es))
 	}
-	if len(src.closes) == 0 {
+	if len(src.asked()) == 0 {
 		t.Fatal("the hub did not ask lagging partitions to close")
 	}
 	h.Publish(1, partition.RevEvents{}, 6)
@@ -130,5 +148,46 @@ func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 	}
 	if got := h.ResumeFrom(2); got != 20 {
 		t.Fatalf("ResumeFrom after Truncate: %d, want 20", got)
+	}
+}
+
+// TestHubAsksAgainWhileEventsWait: a close request can be lost (the leader
+// it reached loses leadership before closing), so while an event waits for
+// the frontier the hub asks again every AskAgainAfter, for the highest
+// revision it holds; once the frontier passes every held event, and after
+// Stop, it stops asking.
+func TestHubAsksAgainWhileEventsWait(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{AskAgainAfter: 20 * time.Millisecond}, src)
+	h.AddPartition(1, 1)
+	h.AddPartition(2, 1)
+	h.Publish(1, evs(5, "a"), 5)
+	h.Publish(1, evs(7, "a"), 7)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(src.asked()) < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("asked to close %v while partition 2 held revisions 5 and 7 back for 10s; want the request repeated", src.asked())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := src.asked(); got[0] != 5 || got[1] != 7 || got[len(got)-1] != 7 {
+		t.Fatalf("asked to close %v, want 5, then 7 again and again", got)
+	}
+	h.Publish(2, partition.RevEvents{}, 7)
+	if es, _ := h.entries(2, 10); len(es) != 2 {
+		t.Fatalf("released %v, want [5 7]", revs(es))
+	}
+	n := len(src.asked())
+	time.Sleep(100 * time.Millisecond)
+	if got := src.asked(); len(got) > n+1 {
+		t.Fatalf("asked to close %v after the frontier passed every held event", got[n:])
+	}
+
+	h.Publish(1, evs(9, "a"), 9)
+	h.Stop()
+	n = len(src.asked())
+	time.Sleep(100 * time.Millisecond)
+	if got := src.asked(); len(got) != n {
+		t.Fatalf("asked to close %v after Stop", got[n:])
 	}
 }

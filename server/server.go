@@ -747,6 +747,9 @@ func (s *Server) Stop() {
 				s.grpc.Stop()
 			}
 		}
+		if s.hub != nil {
+			s.hub.Stop()
+		}
 		if s.store != nil {
 			s.store.Stop()
 		}
