@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,11 +183,25 @@ func TestWatchWithIdleLeaders(t *testing.T) {
 					t.Fatalf("watch: %v", err)
 				}
 				if len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != key || wr.Events[0].Kv.ModRevision != r.Header.Revision {
-					t.Fatalf("put %s at %d: watch delivered %v", key, r.Header.Revision, wr.Events)
+					t.Fatalf("put %s at %d: watch delivered %s", key, r.Header.Revision, describeEvents(wr.Events))
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatalf("put %s at %d: no event within 5s", key, r.Header.Revision)
 			}
 		}
 	}
+}
+
+// describeEvents formats events for a failure message.
+func describeEvents(evs []*clientv3.Event) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, ev := range evs {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s %q=%q mod=%d create=%d version=%d", ev.Type, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.CreateRevision, ev.Kv.Version)
+	}
+	b.WriteString("]")
+	return b.String()
 }
