@@ -177,7 +177,7 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates)
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, newHubCollector(h))
 	}
 	return h
 }

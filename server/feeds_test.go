@@ -10,6 +10,7 @@ import (
 
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
+	dto "github.com/prometheus/client_model/go"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -186,7 +187,7 @@ func TestWatchWithIdleLeaders(t *testing.T) {
 					t.Fatalf("put %s at %d: watch delivered %s", key, r.Header.Revision, describeEvents(wr.Events))
 				}
 			case <-time.After(5 * time.Second):
-				t.Fatalf("put %s at %d: no event within 5s", key, r.Header.Revision)
+				t.Fatalf("put %s at %d: no event within 5s; watch state:\n%s", key, r.Header.Revision, watchState(t, c))
 			}
 		}
 	}
@@ -203,5 +204,39 @@ func describeEvents(evs []*clientv3.Event) string {
 		fmt.Fprintf(&b, "%s %q=%q mod=%d create=%d version=%d", ev.Type, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.CreateRevision, ev.Kv.Version)
 	}
 	b.WriteString("]")
+	return b.String()
+}
+
+// watchState describes each node's watch hub and partitions from its
+// metrics: where the frontier is, what it holds and which partition's
+// closed revision holds it back.
+func watchState(t *testing.T, c *testutil.Cluster) string {
+	t.Helper()
+	var b strings.Builder
+	for i, n := range c.Nodes {
+		if n == nil {
+			continue
+		}
+		mfs, err := n.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "node %d:", i+1)
+		for _, mf := range mfs {
+			name := mf.GetName()
+			if !strings.HasPrefix(name, "brain_watch_") && name != "brain_partition_closed_revision_lag" || mf.GetType() == dto.MetricType_HISTOGRAM {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				fmt.Fprintf(&b, " %s", strings.TrimPrefix(name, "brain_"))
+				for _, l := range m.GetLabel() {
+					fmt.Fprintf(&b, "{%s}", l.GetValue())
+				}
+				fmt.Fprintf(&b, "=%g", v)
+			}
+		}
+		b.WriteString("\n")
+	}
 	return b.String()
 }
