@@ -77,6 +77,11 @@ type Hub struct {
 		pending    entryHeap // rev > frontier; protected by mu
 		maxPending int64     // protected by mu
 		lastPoke   int64     // protected by mu
+		// skipped is the highest revision a feed skipped to the event
+		// logs (Truncate) that the frontier has yet to pass, since
+		// skippedAt: watchers wait for the frontier to read it there.
+		skipped    int64     // protected by mu
+		skippedAt  time.Time // protected by mu
 		asking     bool      // askAgain is scheduled; protected by mu
 		stopped    bool      // Stop was called; protected by mu
 		ring       []*entry  // released, ascending; protected by mu
@@ -275,50 +280,85 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 		}
 	}
 	h.advanceLocked()
-	var poke int64
-	if len(h.mu.pending) > 0 && h.mu.maxPending > h.mu.lastPoke {
-		poke = h.mu.maxPending
-		h.mu.lastPoke = poke
+	poke := h.pokeLocked()
+	h.mu.Unlock()
+	h.askToClose(poke, false)
+}
+
+// waitingLocked returns the highest revision the frontier must reach to
+// release what the hub knows of - the events it holds, the revisions a
+// feed skipped to the event logs - and since when the oldest of that has
+// waited; want is 0 if nothing waits.
+func (h *Hub) waitingLocked() (want int64, since time.Time) {
+	if len(h.mu.pending) > 0 {
+		want, since = h.mu.maxPending, h.mu.pending[0].at
 	}
-	if len(h.mu.pending) > 0 && !h.mu.asking && !h.mu.stopped {
+	if h.mu.skipped > h.mu.frontier {
+		if want == 0 || h.mu.skippedAt.Before(since) {
+			since = h.mu.skippedAt
+		}
+		want = max(want, h.mu.skipped)
+	}
+	return want, since
+}
+
+// pokeLocked returns the revision to ask the partitions to close now (0:
+// none; each revision is asked once here, then again by askAgain while it
+// waits), and schedules askAgain.
+func (h *Hub) pokeLocked() int64 {
+	want, _ := h.waitingLocked()
+	if want == 0 {
+		return 0
+	}
+	if !h.mu.asking && !h.mu.stopped {
 		h.mu.asking = true
 		time.AfterFunc(h.cfg.AskAgainAfter, h.askAgain)
 	}
-	h.mu.Unlock()
-	if wanted, _ := h.demand.get(); poke != 0 && wanted {
-		// Idle partitions hold the frontier back; ask them to close what
-		// it needs (their leaders close up to the current revision they
-		// know, and a forwarded request tells them this node's).
-		h.src.RequestCloseSoon(poke)
+	if want <= h.mu.lastPoke {
+		return 0
+	}
+	h.mu.lastPoke = want
+	return want
+}
+
+// askToClose asks the partitions to close rev (if not 0) while the hub has
+// watchers. Idle partitions hold the frontier back; their leaders close up
+// to the current revision they know, and a forwarded request tells them
+// this node's.
+func (h *Hub) askToClose(rev int64, again bool) {
+	if wanted, _ := h.demand.get(); rev != 0 && wanted {
+		if again {
+			h.asksAgain.Inc()
+		}
+		h.src.RequestCloseSoon(rev)
 	}
 }
 
-// askAgain runs while events are held: if the lowest has waited
-// AskAgainAfter, it asks the partitions to close again. A close request is
-// asked once and can be lost - the leader it reached lost its leadership
-// before closing, a forwarded request failed - and the partition's new
-// leader closes nothing by itself when its node has no watcher; without
-// asking again the frontier, and this node's watches, would stop for good.
+// askAgain runs while something waits for the frontier (waitingLocked):
+// once the oldest of it has waited AskAgainAfter, it asks the partitions
+// to close again. A close request is asked once and can be lost - the
+// leader it reached lost its leadership before closing, a forwarded
+// request failed - and the partition's new leader closes nothing by itself
+// when its node has no watcher; without asking again the frontier, and
+// this node's watches, would stop for good.
 func (h *Hub) askAgain() {
 	h.mu.Lock()
-	if len(h.mu.pending) == 0 || h.mu.stopped {
+	want, since := h.waitingLocked()
+	if want == 0 || h.mu.stopped {
 		h.mu.asking = false
 		h.mu.Unlock()
 		return
 	}
 	var poke int64
-	wait := h.cfg.AskAgainAfter - time.Since(h.mu.pending[0].at)
+	wait := h.cfg.AskAgainAfter - time.Since(since)
 	if wait <= 0 {
-		poke = h.mu.maxPending
+		poke = want
 		h.mu.lastPoke = max(h.mu.lastPoke, poke)
 		wait = h.cfg.AskAgainAfter
 	}
 	time.AfterFunc(wait, h.askAgain)
 	h.mu.Unlock()
-	if wanted, _ := h.demand.get(); poke != 0 && wanted {
-		h.asksAgain.Inc()
-		h.src.RequestCloseSoon(poke)
-	}
+	h.askToClose(poke, true)
 }
 
 // Stop stops the hub asking partitions to close revisions; call it before
@@ -360,15 +400,26 @@ func (h *Hub) ResumeFrom(pid uint64) int64 {
 // Truncate tells the hub that partition pid's events below rev will never
 // arrive - compacted away, or skipped by a feed resuming after idling:
 // watchers below rev read the event logs, and the partition counts as
-// closed below rev.
+// closed below rev. Watchers read there only up to the frontier, so the
+// other partitions are asked to close rev-1 as for a held event: a write
+// applied just before the skip could otherwise wait for the next write
+// of idle partitions.
 func (h *Hub) Truncate(pid uint64, rev int64) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.mu.ringStart = max(h.mu.ringStart, rev)
 	if rev-1 > h.mu.closed[pid] {
 		h.mu.closed[pid] = rev - 1
 	}
 	h.advanceLocked()
+	if rev-1 > h.mu.frontier {
+		if h.mu.skipped <= h.mu.frontier {
+			h.mu.skippedAt = time.Now()
+		}
+		h.mu.skipped = max(h.mu.skipped, rev-1)
+	}
+	poke := h.pokeLocked()
+	h.mu.Unlock()
+	h.askToClose(poke, false)
 }
 
 func (h *Hub) evictLocked() {

@@ -191,3 +191,42 @@ func TestHubAsksAgainWhileEventsWait(t *testing.T) {
 		t.Fatalf("asked to close %v after Stop", got[n:])
 	}
 }
+
+// TestHubAsksToCloseWhatAFeedSkipped: a feed that resumes after idling
+// skips to its partition's closed revision (Truncate), leaving what it
+// skipped to the event logs, which watchers read only up to the frontier;
+// the hub asks the other partitions to close it, at once and again while
+// it waits, as it does for a held event.
+func TestHubAsksToCloseWhatAFeedSkipped(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{AskAgainAfter: 20 * time.Millisecond}, src)
+	h.AddPartition(1, 1)
+	h.AddPartition(2, 1)
+	h.watchAdded()
+	h.Truncate(1, 5)
+	if got := src.asked(); len(got) != 1 || got[0] != 4 {
+		t.Fatalf("after partition 1's feed skipped to 5, asked to close %v, want [4]", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(src.asked()) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("asked to close %v while partition 2 held the frontier below 4 for 10s; want the request repeated", src.asked())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.Publish(2, partition.RevEvents{}, 4)
+	if f, _ := h.Frontier(); f != 4 {
+		t.Fatalf("frontier %d, want 4", f)
+	}
+	n := len(src.asked())
+	time.Sleep(100 * time.Millisecond)
+	if got := src.asked(); len(got) > n+1 {
+		t.Fatalf("asked to close %v after the frontier passed what was skipped", got[n:])
+	}
+	// A skip at or below the frontier owes nothing.
+	h.Truncate(2, 3)
+	time.Sleep(100 * time.Millisecond)
+	if got := src.asked(); len(got) > n+1 {
+		t.Fatalf("asked to close %v for a skip below the frontier", got[n:])
+	}
+}

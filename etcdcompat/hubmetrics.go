@@ -25,7 +25,7 @@ func newHubCollector(h *Hub) *hubCollector {
 		h:        h,
 		frontier: prometheus.NewDesc("brain_watch_frontier_revision", "Revision up to which this node's watch hub has released events: every partition has closed it.", nil, nil),
 		held:     prometheus.NewDesc("brain_watch_held_revisions", "Revisions with events this node's watch hub holds until every partition closes them.", nil, nil),
-		oldest:   prometheus.NewDesc("brain_watch_oldest_held_seconds", "How long the oldest revision the watch hub holds has waited for the frontier (0 if none).", nil, nil),
+		oldest:   prometheus.NewDesc("brain_watch_oldest_held_seconds", "How long the oldest of what waits for the watch frontier (a held event, or revisions a feed skipped to the event logs) has waited (0 if nothing waits).", nil, nil),
 		closed:   prometheus.NewDesc("brain_watch_partition_closed_revision", "Closed revision of each partition as this node's watch hub has it from the partition's feed; the lowest is the frontier.", []string{"partition"}, nil),
 	}
 }
@@ -42,8 +42,8 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	h.mu.Lock()
 	frontier, held := h.mu.frontier, len(h.mu.pending)
 	var oldest float64
-	if held > 0 {
-		oldest = time.Since(h.mu.pending[0].at).Seconds()
+	if want, since := h.waitingLocked(); want != 0 {
+		oldest = time.Since(since).Seconds()
 	}
 	closed := make(map[uint64]int64, len(h.mu.closed))
 	for pid, rev := range h.mu.closed {
