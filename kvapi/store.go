@@ -1253,7 +1253,9 @@ func (s *Store) ForwardClose(id uint64) func(rev int64) {
 			// the TSO), so that the leader closes ahead of what was
 			// asked for and the next request may not be needed.
 			ahead := max(rev, s.CurrentRevision())
-			_ = s.call(ctx, id, OpRequestClose, true, nil, func() ([]byte, error) { return ints(ahead), nil }, nil)
+			if err := s.call(ctx, id, OpRequestClose, true, nil, func() ([]byte, error) { return ints(ahead), nil }, nil); err != nil {
+				s.log.Debug("a close request to the partition's leader failed", "partition", id, "rev", ahead, "err", err)
+			}
 			cancel()
 			mu.Lock()
 			inflight = 0
