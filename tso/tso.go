@@ -53,8 +53,13 @@ type Oracle struct {
 
 	// shrunk: the last window command applied was a shrink (diagnostics).
 	shrunk atomic.Bool
-	// end is the applied window end W; written by Apply (worker goroutine).
+	// end is the applied window end W, published once the round that
+	// applied it has committed (AfterCommit).
 	end atomic.Int64
+	// applyEnd is the window end as of the last command applied, its
+	// round's batch committed or not: what the next command in the same
+	// round builds on. Worker goroutine only (New, Apply, SnapshotApplied).
+	applyEnd int64
 	// current is the highest revision issued (or, before this replica led,
 	// the applied W). Readers use it without the lock.
 	current atomic.Int64
@@ -107,6 +112,7 @@ func New(cfg Config, db *pebble.DB, groupID uint64) (*Oracle, error) {
 		return nil, fmt.Errorf("tso: load state: %w", err)
 	}
 	o.end.Store(end)
+	o.applyEnd = end
 	// Only a leader knows what it issued; until this replica leads it
 	// claims nothing (a follower's window end may be above revisions the
 	// leader has not issued yet, so it is no safe bound).
@@ -382,7 +388,13 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 	// after one continues the sequence; after an extension (a failover)
 	// it skips the rest of the window.
 	o.shrunk.Store(kind == cmdShrink)
-	cur := o.end.Load()
+	// Not o.end: a command earlier in this round may have changed the
+	// window without its batch being committed yet (a replica catching
+	// up applies a shrink and the extension after it in one round; an
+	// extension compared with the window before the shrink would seem to
+	// change nothing, and the window would stay shrunk below revisions
+	// the leader issued).
+	cur := o.applyEnd
 	var next int64
 	switch kind {
 	case cmdExtend:
@@ -396,6 +408,7 @@ func (o *Oracle) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) 
 	if next == cur {
 		return cmdApplied
 	}
+	o.applyEnd = next
 	if err := ac.Batch.Set(o.stateKey(), engine.PutUint64(nil, uint64(next)), nil); err != nil {
 		panic(err)
 	}
@@ -483,6 +496,7 @@ func (o *Oracle) SnapshotApplied() error {
 	default:
 		return err
 	}
+	o.applyEnd = end
 	o.end.Store(end)
 	return nil
 }

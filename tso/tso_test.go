@@ -11,6 +11,7 @@ import (
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 type node struct {
@@ -167,5 +168,56 @@ func TestResumeAfterTimedOutShrink(t *testing.T) {
 	}
 	if r <= last {
 		t.Fatalf("after resuming, revision %d was issued; the next leader issued %d again", last, r)
+	}
+}
+
+// TestShrinkAndExtensionInOneRound: a replica catching up (it was paused
+// while its leader shrank the window for a transfer that did not happen,
+// then extended it to issue again) applies the shrink and the extension in
+// one round, before the round's batch commits. The extension must build on
+// the shrink, not on the window before it: a replica that kept the shrunk
+// window and then led would issue again the revisions the old leader
+// issued above it (seen in a chaos run: a new leader started at 17171
+// after 17532 had been acknowledged).
+func TestShrinkAndExtensionInOneRound(t *testing.T) {
+	fs := vfs.NewMem()
+	db, err := engine.Open(engine.Config{Dir: "db", FS: fs, CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	load := func() *Oracle {
+		t.Helper()
+		o, err := New(Config{WindowSize: 1000}, db, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	// round applies cmds in one batch and commits it (without the
+	// AfterCommit hooks, which only a raftgroup.Host runs).
+	round := func(o *Oracle, cmds ...[]byte) {
+		t.Helper()
+		b := db.NewBatch()
+		defer b.Close()
+		ac := &raftgroup.ApplyContext{Batch: b}
+		for i, c := range cmds {
+			e := &raftpb.Entry{Term: 7, Index: uint64(i + 1)}
+			if res := o.Apply(ac, e, c[raftgroup.HeaderLen:]); res != cmdApplied {
+				t.Fatalf("command %d: %v, want applied", i, res)
+			}
+		}
+		if err := b.Commit(pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The window the leader had: up to 2600.
+	round(load(), encodeCmd(cmdExtend, 7, 2600))
+	// Caught up in one round: the shrink to 1700 (the transfer), then the
+	// extension to 2200 the leader proposed once it served again - a
+	// window end below the one before the shrink.
+	round(load(), encodeCmd(cmdShrink, 7, 1700), encodeCmd(cmdExtend, 7, 2200))
+	if got := load().End(); got != 2200 {
+		t.Fatalf("window end after the round: %d, want 2200 (the extension after the shrink)", got)
 	}
 }
