@@ -41,9 +41,10 @@ type HubConfig struct {
 	// IdleFeedsAfter is how long the hub keeps its feeds running without
 	// a watcher (see hubidle.go). 0 means 30s; negative, forever.
 	IdleFeedsAfter time.Duration
-	// AskAgainAfter is how long an event may wait for the frontier before
-	// the hub asks the partitions to close again, and again each time as
-	// long while it still waits. 0 means 1s.
+	// AskAgainAfter is how long an event (or revisions a feed skipped)
+	// may wait for the frontier before the hub asks the partitions to
+	// close again; it asks again at that interval while it waits. 0 means
+	// 1s.
 	AskAgainAfter time.Duration
 	Registerer    prometheus.Registerer
 }
@@ -177,7 +178,7 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.slowCancels = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_slow_cancellations_total", Help: "Watches canceled (with the compaction revision, as etcd does) because they were still catching up when compaction removed the events they had yet to read."})
 	h.catchups = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchups_total", Help: "Reads of the event logs by watchers behind the in-memory ring."})
 	h.catchupRetries = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_storage_catchup_retries_total", Help: "Event-log reads of watchers behind the ring that failed because a partition had no reachable leader or replica; the watch stays open and reads again."})
-	h.asksAgain = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_close_requests_repeated_total", Help: "Close requests the watch hub sent again because an event had waited for the watch frontier longer than a second (the first request was lost with a leader change, or a partition closes slowly)."})
+	h.asksAgain = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_close_requests_repeated_total", Help: "Close requests the watch hub sent again because an event, or revisions a feed skipped, had waited for the watch frontier longer than a second (the first request was lost with a leader change, or a partition closes slowly)."})
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
@@ -307,10 +308,10 @@ func (h *Hub) waitingLocked() (want int64, since time.Time) {
 // waits), and schedules askAgain.
 func (h *Hub) pokeLocked() int64 {
 	want, _ := h.waitingLocked()
-	if want == 0 {
+	if want == 0 || h.mu.stopped {
 		return 0
 	}
-	if !h.mu.asking && !h.mu.stopped {
+	if !h.mu.asking {
 		h.mu.asking = true
 		time.AfterFunc(h.cfg.AskAgainAfter, h.askAgain)
 	}

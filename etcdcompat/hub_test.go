@@ -186,6 +186,7 @@ func TestHubAsksAgainWhileEventsWait(t *testing.T) {
 	h.Publish(1, evs(9, "a"), 9)
 	h.Stop()
 	n = len(src.asked())
+	h.Publish(1, evs(11, "a"), 11)
 	time.Sleep(100 * time.Millisecond)
 	if got := src.asked(); len(got) != n {
 		t.Fatalf("asked to close %v after Stop", got[n:])
