@@ -428,6 +428,68 @@ func TestReAddDuringRemovalGrace(t *testing.T) {
 	waitCount(t, gone, 100)
 }
 
+// TestLateAnswerOfRemovedReplica: the replica being removed is in the
+// middle of a round, about to acknowledge an append, when its node removes
+// it; the leader adds the node back as soon as the node no longer hosts
+// the group. The old replica's acknowledgement must reach the leader
+// before that, while the node is out of the group, and be ignored: taken
+// for the new replica's, it makes the leader tell the fresh, empty replica
+// of commits beyond its log, which raft takes for a lost log and panics
+// (a CI run: "tocommit(57) is out of range [lastIndex(0)]").
+func TestLateAnswerOfRemovedReplica(t *testing.T) {
+	tr := NewMemTransport()
+	_, leader, gone := startLedTrio(t, tr, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond })
+	propose(t, leader, 50)
+	waitCount(t, gone, 50)
+
+	// Hold the old replica's next acknowledgement inside its round until
+	// the node was added back (or a second passed).
+	var armed atomic.Bool
+	held, readded := make(chan struct{}), make(chan struct{})
+	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
+		if from == gone.id && m.Msg.Type == raftpb.MsgAppResp && armed.CompareAndSwap(true, false) {
+			close(held)
+			select {
+			case <-readded:
+			case <-time.After(time.Second):
+			}
+		}
+		return true
+	})
+	armed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the removed replica acknowledged nothing")
+	}
+	const grace = 3 * time.Second
+	removed := make(chan error, 1)
+	go func() { removed <- gone.host.RemoveGroupAfter(testGroup, grace, nil) }()
+	for gone.host.Group(testGroup) != nil {
+		time.Sleep(time.Millisecond)
+	}
+	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: gone.id}}}); err != nil {
+		t.Fatal(err)
+	}
+	close(readded)
+	// The node drops everything for the group during the grace, so the
+	// new replica has acknowledged nothing yet.
+	time.Sleep(100 * time.Millisecond)
+	if m := leader.Status().Match[gone.id]; m != 0 {
+		t.Fatalf("the leader took the removed replica's answer for the new replica's: match %d", m)
+	}
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	propose(t, leader, 10)
+	waitCount(t, gone, 60)
+}
+
 // TestStalledLeaderKeepsLeadership: a leader whose worker could not run
 // for two election timeouts (an overloaded, CPU-throttled node) finds its
 // followers' heartbeat responses that arrived before the last tick queued

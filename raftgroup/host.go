@@ -289,9 +289,26 @@ func (h *Host) RemoveGroup(id uint64) error { return h.RemoveGroupAfter(id, 0, n
 // which raft treats as a lost log and panics.) Until its state is deleted
 // no message re-creates the replica.
 func (h *Host) RemoveGroupAfter(id uint64, grace time.Duration, stop <-chan struct{}) error {
-	h.mu.Lock()
+	// The replica stops first, and only then leaves the map: once Group
+	// returns nil, every message the old replica will ever send has been
+	// handed to the transport. (A round in progress sends its messages
+	// at its end; had the map forgotten the replica first, a caller that
+	// re-adds this node as soon as Group returns nil could have the
+	// leader take a late answer of the old replica for one of the new.)
+	h.mu.RLock()
 	g := h.mu.groups[id]
-	delete(h.mu.groups, id)
+	h.mu.RUnlock()
+	if g != nil {
+		if !g.removed.CompareAndSwap(false, true) {
+			return nil // another call is removing it
+		}
+		// Wait for any round in progress on the group to end.
+		h.sched.waitIdle(g)
+	}
+	h.mu.Lock()
+	if h.mu.groups[id] == g {
+		delete(h.mu.groups, id)
+	}
 	h.mu.removed[id] = time.Now()
 	h.mu.deleting[id] = true
 	h.mu.Unlock()
@@ -304,9 +321,6 @@ func (h *Host) RemoveGroupAfter(id uint64, grace time.Duration, stop <-chan stru
 	if g == nil {
 		return nil
 	}
-	g.removed.Store(true)
-	// Wait for any round in progress on the group to end.
-	h.sched.waitIdle(g)
 	g.failAllWaiters(ErrLeaderChanged)
 	if grace > 0 {
 		select {
@@ -535,6 +549,9 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 func (h *Host) sendMessages(items []readyItem) {
 	var byDest map[uint64][]GroupMessage
 	for i := range items {
+		if items[i].g.removed.Load() {
+			continue // removed during the round: it answers nothing more
+		}
 		for _, m := range items[i].rd.Messages {
 			if m.Type == raftpb.MsgSnap {
 				h.sendSnapshot(items[i].g, m)
