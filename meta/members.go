@@ -48,25 +48,12 @@ func (m *Meta) loadMembersLocked() error {
 
 // SetMember records an added, changed or removed member through raft.
 func (m *Meta) SetMember(ctx context.Context, mem Member) error {
-	m.mu.RLock()
-	leader, term := m.mu.leader, m.mu.term
-	m.mu.RUnlock()
-	g := m.group.Load()
-	if !leader || g == nil {
-		return ErrNotLeader
-	}
 	payload, err := json.Marshal(mem)
 	if err != nil {
 		return err
 	}
-	b := append(raftgroup.NewCommand(9+len(payload)), cmdMember)
-	b = binary.BigEndian.AppendUint64(b, term)
-	b = append(b, payload...)
-	res, err := g.Propose(ctx, b)
-	if err != nil {
-		return err
-	}
-	return res.(result).err
+	_, err = m.proposePayload(ctx, cmdMember, payload)
+	return err
 }
 
 func (m *Meta) applyMember(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) any {

@@ -231,22 +231,12 @@ type result struct {
 }
 
 func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
-	m.mu.RLock()
-	leader, term := m.mu.leader, m.mu.term
-	m.mu.RUnlock()
-	if !leader {
-		return ErrNotLeader
-	}
-	b := append(raftgroup.NewCommand(9+8*len(args)), kind)
-	b = binary.BigEndian.AppendUint64(b, term)
+	var payload []byte
 	for _, a := range args {
-		b = binary.BigEndian.AppendUint64(b, a)
+		payload = binary.BigEndian.AppendUint64(payload, a)
 	}
-	res, err := m.group.Load().Propose(ctx, b)
-	if err != nil {
-		return err
-	}
-	return res.(result).err
+	_, err := m.proposePayload(ctx, kind, payload)
+	return err
 }
 
 // Apply implements raftgroup.StateMachine.

@@ -99,6 +99,10 @@ func (m *Meta) AllocPartitionID(ctx context.Context) (uint64, error) {
 	return res.id, nil
 }
 
+// proposePayload proposes a command of the given kind in the current
+// term and returns its result. A proposal raft refused because this
+// replica does not lead (or no longer does) fails with ErrNotLeader, the
+// error callers retry on the leader: it did not execute.
 func (m *Meta) proposePayload(ctx context.Context, kind byte, payload []byte) (result, error) {
 	m.mu.RLock()
 	leader, term := m.mu.leader, m.mu.term
@@ -111,6 +115,9 @@ func (m *Meta) proposePayload(ctx context.Context, kind byte, payload []byte) (r
 	b = binary.BigEndian.AppendUint64(b, term)
 	b = append(b, payload...)
 	res, err := g.Propose(ctx, b)
+	if errors.Is(err, raftgroup.ErrNotLeader) {
+		return result{}, ErrNotLeader
+	}
 	if err != nil {
 		return result{}, err
 	}
