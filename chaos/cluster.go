@@ -197,6 +197,7 @@ func (c *Cluster) Start(n *Node) error {
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), c.Env...)
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
