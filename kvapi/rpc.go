@@ -8,9 +8,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
@@ -271,50 +271,23 @@ func RegisterInternalService(s *grpc.Server, h Handler) {
 	s.RegisterService(&internalServiceDesc, h)
 }
 
-// Client calls other nodes' internal service.
+// Client calls other nodes' internal service over the node's shared peer
+// connections.
 type Client struct {
-	resolve  func(node uint64) (string, bool)
-	dialOpts []grpc.DialOption
-	mu       sync.Mutex
-	conns    map[string]*grpc.ClientConn // by address; protected by mu
-	closed   bool
+	conns *peerconn.Pool
 }
 
-// NewClient returns a client that finds nodes with resolve; opts are added
-// to the peer dial options (peer TLS credentials).
-func NewClient(resolve func(node uint64) (string, bool), opts ...grpc.DialOption) *Client {
-	return &Client{resolve: resolve, conns: make(map[string]*grpc.ClientConn), dialOpts: append(rpccodec.PeerDialOptions(), opts...)}
-}
-
-// Close closes every connection.
-func (c *Client) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	for _, conn := range c.conns {
-		conn.Close()
-	}
-	c.conns = nil
+// NewClient returns a client that reaches nodes through conns (which its
+// owner closes).
+func NewClient(conns *peerconn.Pool) *Client {
+	return &Client{conns: conns}
 }
 
 func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
-	addr, ok := c.resolve(node)
-	if !ok {
-		return nil, fmt.Errorf("kvapi: no address for node %x", node)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, errors.New("kvapi: client closed")
-	}
-	if conn := c.conns[addr]; conn != nil {
-		return conn, nil
-	}
-	conn, err := grpc.NewClient(addr, c.dialOpts...)
+	conn, err := c.conns.Conn(node)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kvapi: %w", err)
 	}
-	c.conns[addr] = conn
 	return conn, nil
 }
 

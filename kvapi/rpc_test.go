@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/partition"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,8 +25,9 @@ func TestCallToDeadNodeIsNeverSent(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // a dead node: connection refused
-	c := NewClient(func(uint64) (string, bool) { return addr, true })
-	defer c.Close()
+	conns := peerconn.New(func(uint64) (string, bool) { return addr, true })
+	defer conns.Close()
+	c := NewClient(conns)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err = c.Call(ctx, 7, &CallRequest{Op: OpClusterInfo})

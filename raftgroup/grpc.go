@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/brainkv/brain/internal/rpccodec"
+	"github.com/brainkv/brain/internal/peerconn"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
 )
@@ -235,11 +235,10 @@ func (hs hostServer) snapshot(s grpc.ServerStream) error {
 
 // GRPCTransport sends raft traffic to peers over gRPC.
 type GRPCTransport struct {
-	self    uint64
-	resolve func(node uint64) (addr string, ok bool)
-	log     *slog.Logger
-	host    *Host
-	dialOpt []grpc.DialOption
+	self  uint64
+	conns *peerconn.Pool
+	log   *slog.Logger
+	host  *Host
 
 	mu struct {
 		sync.Mutex
@@ -248,12 +247,12 @@ type GRPCTransport struct {
 	}
 }
 
-// NewGRPCTransport returns a transport for node self that finds peers'
-// raft addresses with resolve. Bind it to the host before starting it.
-func NewGRPCTransport(self uint64, resolve func(uint64) (string, bool), log *slog.Logger, opts ...grpc.DialOption) *GRPCTransport {
-	t := &GRPCTransport{self: self, resolve: resolve, log: log.With("component", "raft-transport")}
+// NewGRPCTransport returns a transport for node self that reaches peers
+// through conns (which its owner closes). Bind it to the host before
+// starting it.
+func NewGRPCTransport(self uint64, conns *peerconn.Pool, log *slog.Logger) *GRPCTransport {
+	t := &GRPCTransport{self: self, conns: conns, log: log.With("component", "raft-transport")}
 	t.mu.peers = make(map[uint64]*peer)
-	t.dialOpt = append(rpccodec.PeerDialOptions(), opts...)
 	return t
 }
 
@@ -299,7 +298,7 @@ func (t *GRPCTransport) SendSnapshot(ctx context.Context, to uint64, env *Snapsh
 	if p == nil {
 		return errors.New("raftgroup: transport closed")
 	}
-	conn, err := p.connect()
+	conn, err := p.t.conns.Conn(p.to)
 	if err != nil {
 		return err
 	}
@@ -345,8 +344,6 @@ type peer struct {
 	cond   *sync.Cond
 	queue  []GroupMessage // protected by mu
 	closed bool           // protected by mu
-	conn   *grpc.ClientConn
-	addr   string
 	done   chan struct{}
 }
 
@@ -370,35 +367,8 @@ func (p *peer) close() {
 	p.mu.Lock()
 	p.closed = true
 	p.cond.Broadcast()
-	conn := p.conn
 	p.mu.Unlock()
 	<-p.done
-	if conn != nil {
-		conn.Close()
-	}
-}
-
-// connect returns the connection to the peer, redialing if its address
-// changed.
-func (p *peer) connect() (*grpc.ClientConn, error) {
-	addr, ok := p.t.resolve(p.to)
-	if !ok {
-		return nil, fmt.Errorf("raftgroup: no address for node %x", p.to)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn != nil && p.addr == addr {
-		return p.conn, nil
-	}
-	if p.conn != nil {
-		p.conn.Close()
-	}
-	conn, err := grpc.NewClient(addr, p.t.dialOpt...)
-	if err != nil {
-		return nil, err
-	}
-	p.conn, p.addr = conn, addr
-	return conn, nil
 }
 
 func (p *peer) run() {
@@ -423,7 +393,7 @@ func (p *peer) run() {
 		p.mu.Unlock()
 
 		if stream == nil {
-			conn, err := p.connect()
+			conn, err := p.t.conns.Conn(p.to)
 			if err == nil {
 				var ctx context.Context
 				ctx, cancel = context.WithCancel(context.Background())

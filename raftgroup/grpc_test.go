@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3/raftpb"
@@ -43,7 +44,9 @@ func TestGRPCTransport(t *testing.T) {
 		cfg.NewReplica = func(group uint64) (StateMachine, error) {
 			return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
 		}
-		tr := NewGRPCTransport(id, resolve, testLogger())
+		conns := peerconn.New(resolve)
+		t.Cleanup(conns.Close)
+		tr := NewGRPCTransport(id, conns, testLogger())
 		h, err := NewHost(cfg, db, tr)
 		if err != nil {
 			t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/etcdcompat"
+	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/meta"
@@ -75,6 +76,7 @@ type Server struct {
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
+	peers      *peerconn.Pool // connections to the other nodes, shared by transport and rpc
 	transport  *raftgroup.GRPCTransport
 	rpc        *kvapi.Client
 	peerGRPC   *grpc.Server
@@ -168,8 +170,9 @@ func (s *Server) open() error {
 			return err
 		}
 		dialOpts = append(dialOpts, rpccodec.ClusterDialOptions(s.id.ClusterID)...)
-		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.membership.Resolve, s.log, dialOpts...)
-		s.rpc = kvapi.NewClient(s.membership.Resolve, dialOpts...)
+		s.peers = peerconn.New(s.membership.Resolve, dialOpts...)
+		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.peers, s.log)
+		s.rpc = kvapi.NewClient(s.peers)
 	}
 	var transport raftgroup.Transport
 	if s.transport != nil {
@@ -790,8 +793,8 @@ func (s *Server) closeStorage() {
 	if s.transport != nil {
 		s.transport.Close()
 	}
-	if s.rpc != nil {
-		s.rpc.Close()
+	if s.peers != nil {
+		s.peers.Close()
 	}
 	if s.membership != nil {
 		s.membership.Stop()
