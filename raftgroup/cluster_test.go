@@ -132,6 +132,16 @@ func (n *testNode) stop(t *testing.T, tr *MemTransport) {
 	}
 }
 
+// changeConf has g make a single conf change and waits for it to apply.
+func changeConf(t *testing.T, g *Group, typ raftpb.ConfChangeType, node uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: typ, NodeID: node}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func groupsOf(ns ...*testNode) []*Group {
 	var gs []*Group
 	for _, n := range ns {
@@ -206,19 +216,13 @@ func TestAddAndRemoveReplicas(t *testing.T) {
 	nodes[0].host.Group(testGroup).Campaign()
 	leader := waitLeader(t, groupsOf(nodes...)...)
 	propose(t, leader, 200) // past the log the leader keeps: node 4 needs a snapshot
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: 4}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeAddLearnerNode, 4)
 	// Status shows a conf change as soon as its proposer returns.
 	if st := leader.Status(); !slices.Contains(st.Learners, 4) {
 		t.Fatalf("learners %v right after adding learner 4", st.Learners)
 	}
 	waitCount(t, n4, 200)
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddNode, NodeID: 4}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeAddNode, 4)
 	if st := leader.Status(); !slices.Contains(st.Voters, 4) || slices.Contains(st.Learners, 4) {
 		t.Fatalf("voters %v, learners %v right after promoting 4", st.Voters, st.Learners)
 	}
@@ -230,9 +234,7 @@ func TestAddAndRemoveReplicas(t *testing.T) {
 			break
 		}
 	}
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeRemoveNode, gone.id)
 	if err := gone.host.RemoveGroup(testGroup); err != nil {
 		t.Fatal(err)
 	}
@@ -398,19 +400,13 @@ func TestReAddDuringRemovalGrace(t *testing.T) {
 	_, leader, gone := startLedTrio(t, tr, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond })
 	propose(t, leader, 50)
 	waitCount(t, gone, 50)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeRemoveNode, gone.id)
 	removed := make(chan error, 1)
 	go func() { removed <- gone.host.RemoveGroupAfter(testGroup, time.Second, nil) }()
 	for gone.host.Group(testGroup) != nil {
 		time.Sleep(time.Millisecond)
 	}
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: gone.id}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeAddLearnerNode, gone.id)
 	propose(t, leader, 50)
 	// During the grace the old replica's state is there and nothing
 	// re-creates it.
@@ -457,14 +453,10 @@ func TestLateAnswerOfRemovedReplica(t *testing.T) {
 		return true
 	})
 	armed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode, NodeID: gone.id}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeRemoveNode, gone.id)
 	select {
 	case <-held:
-	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
 		t.Fatal("the removed replica acknowledged nothing")
 	}
 	const grace = 3 * time.Second
@@ -473,9 +465,7 @@ func TestLateAnswerOfRemovedReplica(t *testing.T) {
 	for gone.host.Group(testGroup) != nil {
 		time.Sleep(time.Millisecond)
 	}
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: gone.id}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeAddLearnerNode, gone.id)
 	close(readded)
 	// The node drops everything for the group during the grace, so the
 	// new replica has acknowledged nothing yet.

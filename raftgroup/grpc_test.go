@@ -1,11 +1,9 @@
 package raftgroup
 
 import (
-	"context"
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
@@ -86,11 +84,7 @@ func TestGRPCTransport(t *testing.T) {
 	for _, n := range nodes[:3] {
 		waitCount(t, n.testNode, 200)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := leader.ProposeConfChange(ctx, raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode, NodeID: 4}}}); err != nil {
-		t.Fatal(err)
-	}
+	changeConf(t, leader, raftpb.ConfChangeAddLearnerNode, 4)
 	waitCount(t, n4.testNode, 200)
 	propose(t, leader, 10)
 	waitCount(t, n4.testNode, 210)
