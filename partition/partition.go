@@ -139,6 +139,10 @@ type Config struct {
 	// worker: it must not block); the child's state and raft bootstrap
 	// state are in the DB then.
 	OnSplit func(SplitRecord)
+	// OnLeader, if set, runs on its own goroutine each time this replica
+	// becomes a leader ready to serve (a node that waits for a replica to
+	// hear a leader before serving it knows then that it may).
+	OnLeader func()
 }
 
 // Partition is one replica of a key range. Files:
@@ -184,6 +188,7 @@ type Partition struct {
 	// splits are the partition's split records (split.go).
 	splits   atomic.Pointer[[]SplitRecord]
 	onSplit  func(SplitRecord)
+	onLeader func()
 	overlaps func(id uint64, start, end []byte) bool
 
 	// closed is the applied closed revision.
@@ -255,7 +260,7 @@ func New(cfg Config) (*Partition, error) {
 	}
 	p := &Partition{
 		id: cfg.ID, db: cfg.DB,
-		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose, onSplit: cfg.OnSplit, overlaps: cfg.Overlaps,
+		revs: cfg.Revisions, leases: cfg.Leases, metrics: cfg.Metrics, forwardClose: cfg.ForwardClose, onSplit: cfg.OnSplit, onLeader: cfg.OnLeader, overlaps: cfg.Overlaps,
 		log:     cfg.Logger.With("component", "partition", "partition", cfg.ID),
 		latches: newLatchManager(),
 	}
@@ -362,6 +367,9 @@ func (p *Partition) LeadershipChanged(leader bool, term uint64) {
 	p.prop.closing = false
 	if leader {
 		p.maybeCloseLocked()
+		if p.onLeader != nil {
+			go p.onLeader()
+		}
 	}
 	go p.notifyProgress() // readers may now use the leader-local bound (it takes prop)
 }

@@ -445,6 +445,45 @@ func TestClusterRevisionsDenseAcrossTSOMoves(t *testing.T) {
 	}
 }
 
+// TestMoveLeaderReportsTheOutcome moves the leadership of the meta group,
+// the TSO and a partition: MoveLeader returns once the move happened (an
+// operator's transfer-leader reports its outcome from the group's status
+// right after), and a partition replica that became leader serves at once.
+// Replicas here serve only when they lead: the replica check that would
+// also make them serve runs once an hour, and the balancer does not move
+// leaders.
+func TestMoveLeaderReportsTheOutcome(t *testing.T) {
+	c, ctx, cl := startServing(t, 3, server.Config{ReplicaCheckInterval: time.Hour, LeaderBalanceInterval: time.Hour}, 90*time.Second)
+	const partition = kvapi.FirstPartition + 1 // ["c", "m"): key "d"
+	for _, g := range []uint64{kvapi.MetaGroup, kvapi.TSOGroup, partition, partition} {
+		leader := -1
+		eventually(t, 10*time.Second, fmt.Sprintf("group %d has a ready leader", g), func() (bool, string) {
+			for i, s := range c.Nodes {
+				if st, ok := s.GroupStatus(g); ok && st.IsLeader && st.LeaderReady {
+					leader = i
+					return true, ""
+				}
+			}
+			return false, "no ready leader"
+		})
+		next := (leader + 1) % 3
+		if !c.Nodes[leader].MoveLeader(g, c.Nodes[next].MemberID()) {
+			t.Fatalf("node %d no longer leads group %d", leader, g)
+		}
+		if st, _ := c.Nodes[leader].GroupStatus(g); st.IsLeader {
+			t.Fatalf("group %d: MoveLeader returned while node %d still leads (term %d, transfer to %x pending)", g, leader, st.Term, st.LeadTransferee)
+		}
+		// The new leader serves a write through any node; one that does
+		// not serve its replica leaves the put retrying into its timeout.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := cl.Put(wctx, "d", fmt.Sprint(g))
+		cancel()
+		if err != nil {
+			t.Fatalf("put after moving group %d from node %d to node %d: %v", g, leader, next, err)
+		}
+	}
+}
+
 // TestClusterMemberRemove removes a member of a 4-node cluster with etcd's
 // MemberRemove: MemberList drops it, every group's replicas leave it (the
 // others re-create them), the removed node learns of its removal (and

@@ -121,26 +121,26 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	if !g.Status().IsLeader {
 		return
 	}
-	s.log.Info("transferring leadership to the preferred node", "group", g.ID(), "to", formatID(to))
+	s.log.Info("transferring leadership", "group", g.ID(), "to", formatID(to))
 	// The leader first stops taking revisions and lets the ones it took
 	// finish, so a planned transfer leaves no gap in the revisions and
-	// fails no client's request.
-	var d drainer = s.oracle
-	if g.ID() != kvapi.TSOGroup {
-		p := s.store.Local(g.ID())
-		if p == nil {
-			// Not serving here: nothing takes revisions here to drain.
-			g.TransferLeadershipInTerm(to, g.Status().Term)
-			return
-		}
+	// fails no client's request. The meta group, and a partition replica
+	// that does not serve here yet, take no revisions: nothing to drain.
+	var d drainer
+	term := g.Status().Term
+	if g.ID() == kvapi.TSOGroup {
+		d = s.oracle
+	} else if p := s.store.Local(g.ID()); p != nil {
 		d = p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	term, err := d.PrepareTransfer(ctx)
-	if err != nil {
-		s.log.Warn("not transferring leadership", "group", g.ID(), "err", err)
-		return
+	if d != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var err error
+		if term, err = d.PrepareTransfer(ctx); err != nil {
+			s.log.Warn("not transferring leadership", "group", g.ID(), "err", err)
+			return
+		}
 	}
 	// Only the leadership of the term that was readied moves: a replica
 	// that lost it meanwhile must not have raft forward the transfer to a
@@ -149,7 +149,8 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	// A transfer takes an election round. Serve again only once raft has
 	// given it up (it aborts after an election timeout): a leader serving
 	// while its transfer is pending has its proposals dropped, and a
-	// write's revision with them.
+	// write's revision with them. Callers (transfer-leader) learn the
+	// outcome from the group's status once this returns.
 	start := time.Now()
 	for {
 		st := g.Status()
@@ -167,7 +168,9 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
-	d.Resume()
+	if d != nil {
+		d.Resume()
+	}
 }
 
 // transferLock returns the lock that serializes group id's transfers.

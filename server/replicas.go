@@ -61,7 +61,11 @@ func (s *Server) newPartition(id uint64, start, end []byte) (*partition.Partitio
 		DB: s.db, Revisions: s.tso, Leases: s.meta, Metrics: s.pm, Logger: s.log,
 		ForwardClose: fc.forward,
 		OnSplit:      func(rec partition.SplitRecord) { s.onSplit(id, rec) },
-		Overlaps:     s.overlapsReplica,
+		// A replica that leads has heard a leader: it serves now, not at
+		// the next replica check (a leader that does not serve stalls the
+		// partition's writes until then).
+		OnLeader: func() { s.serveIfReady(id) },
+		Overlaps: s.overlapsReplica,
 	})
 }
 
@@ -194,9 +198,11 @@ func (s *Server) recordName() bool {
 // added replica) and has heard a leader since this node started (a replica
 // may have been replaced while the node was down).
 func (s *Server) serveIfReady(id uint64) {
+	// Under partsMu, so a replica removeReplica took out of parts is not
+	// made to serve again.
 	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
 	p := s.parts[id]
-	s.partsMu.Unlock()
 	if p != nil && p.Initialized() && s.store.Local(id) == nil {
 		s.store.SetLocal(id, p)
 		s.log.Info("added replica serves", "group", id, "closed", p.Closed())
