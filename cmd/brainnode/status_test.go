@@ -28,9 +28,10 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 // TestStatusAndTransferLeader runs "status" against a 3-node cluster (every
 // member, every group with its leader, range, closed lag and size), then
 // moves a partition's leadership with "transfer-leader" and sees status
-// report the new leader.
+// report the new leader. The balancer, which would move leaderships to
+// their preferred nodes at any time (under the test's feet), is off.
 func TestStatusAndTransferLeader(t *testing.T) {
-	c := testutil.StartCluster(t, 3, server.Config{InitialSplitPoints: []string{"m"}})
+	c := testutil.StartCluster(t, 3, server.Config{InitialSplitPoints: []string{"m"}, LeaderBalanceInterval: time.Hour})
 	var eps []string
 	for i := range c.Nodes {
 		eps = append(eps, "http://"+c.Endpoint(i))
