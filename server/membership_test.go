@@ -68,6 +68,23 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() (bool, s
 	}
 }
 
+// readyLeader waits until a node leads group g, ready to serve, and
+// returns its index.
+func readyLeader(t *testing.T, c *testutil.Cluster, g uint64) int {
+	t.Helper()
+	leader := -1
+	eventually(t, 10*time.Second, fmt.Sprintf("group %d has a ready leader", g), func() (bool, string) {
+		for i, s := range c.Nodes {
+			if st, ok := s.GroupStatus(g); ok && st.IsLeader && st.LeaderReady {
+				leader = i
+				return true, ""
+			}
+		}
+		return false, "no ready leader"
+	})
+	return leader
+}
+
 // TestClusterJoin starts a fourth node with --join: it becomes a member
 // (MemberList), gets TSO and meta learners, and serves writes, linearizable
 // reads and watches (history from before it joined included) that agree
@@ -411,16 +428,7 @@ func TestClusterRevisionsDenseAcrossTSOMoves(t *testing.T) {
 	}
 	last = 2
 	for move := 0; move < 4; move++ {
-		leader := -1
-		eventually(t, 10*time.Second, "the TSO has a leader", func() (bool, string) {
-			for i, s := range c.Nodes {
-				if st, ok := s.GroupStatus(kvapi.TSOGroup); ok && st.IsLeader && st.LeaderReady {
-					leader = i
-					return true, ""
-				}
-			}
-			return false, "no ready TSO leader"
-		})
+		leader := readyLeader(t, c, kvapi.TSOGroup)
 		to := c.Nodes[(leader+1)%3].MemberID()
 		if !c.Nodes[leader].MoveLeader(kvapi.TSOGroup, to) {
 			t.Fatalf("node %d no longer leads the TSO", leader)
@@ -456,16 +464,7 @@ func TestMoveLeaderReportsTheOutcome(t *testing.T) {
 	c, ctx, cl := startServing(t, 3, server.Config{ReplicaCheckInterval: time.Hour, LeaderBalanceInterval: time.Hour}, 90*time.Second)
 	const partition = kvapi.FirstPartition + 1 // ["c", "m"): key "d"
 	for _, g := range []uint64{kvapi.MetaGroup, kvapi.TSOGroup, partition, partition} {
-		leader := -1
-		eventually(t, 10*time.Second, fmt.Sprintf("group %d has a ready leader", g), func() (bool, string) {
-			for i, s := range c.Nodes {
-				if st, ok := s.GroupStatus(g); ok && st.IsLeader && st.LeaderReady {
-					leader = i
-					return true, ""
-				}
-			}
-			return false, "no ready leader"
-		})
+		leader := readyLeader(t, c, g)
 		next := (leader + 1) % 3
 		if !c.Nodes[leader].MoveLeader(g, c.Nodes[next].MemberID()) {
 			t.Fatalf("node %d no longer leads group %d", leader, g)
