@@ -57,7 +57,11 @@ func (s *Store) Split(ctx context.Context, key []byte) (parent, child uint64, er
 	return parent, child, nil
 }
 
-// splitLocal splits p (on its leader) and records the split.
+// splitLocal splits p (on its leader) and records the split. A split that
+// applied succeeds even if recording it failed: the partition's leader
+// records it later (ReportSplits, which every node runs for the partitions
+// it leads), Split waits for that, and a retry of the split would only be
+// refused (its key is a boundary now).
 func (s *Store) splitLocal(ctx context.Context, p *partition.Partition, key []byte, child uint64) error {
 	if !p.Contains(key) {
 		return partition.ErrOutsideRange
@@ -73,7 +77,11 @@ func (s *Store) splitLocal(ctx context.Context, p *partition.Partition, key []by
 	} else if err := p.Split(ctx, key, child); err != nil {
 		return err
 	}
-	return s.ReportSplits(ctx, p)
+	if err := s.ReportSplits(ctx, p); err != nil {
+		s.log.Warn("recording a split in the partition map failed; the leader's next report records it",
+			"partition", p.ID(), "child", child, "err", err)
+	}
+	return nil
 }
 
 // ReportSplits records p's splits that the meta group's partition map
