@@ -22,6 +22,9 @@ type NodeInfo struct {
 	PeerAddr   string   `json:"peer"`   // host:port of the internal gRPC service (raft, kvapi)
 	ClientURLs []string `json:"client"` // etcd API URLs
 	Leads      []uint64 `json:"leads"`  // raft groups this node leads
+	// Load is the writes per second the partitions this node leads took
+	// over the last measurement window (the leader balancer evens it out).
+	Load float64 `json:"load,omitempty"`
 }
 
 // Config configures Membership.
@@ -163,6 +166,31 @@ func (m *Membership) SetLeads(groups []uint64) {
 	if !same {
 		_ = m.ml.UpdateNode(time.Second)
 	}
+}
+
+// SetLoad publishes this node's leader write load (NodeInfo.Load).
+func (m *Membership) SetLoad(load float64) {
+	m.mu.Lock()
+	same := m.mu.self.Load == load
+	m.mu.self.Load = load
+	m.mu.Unlock()
+	if !same {
+		_ = m.ml.UpdateNode(time.Second)
+	}
+}
+
+// Loads returns the leader write load (NodeInfo.Load) of every alive node
+// gossip knows, this one included, as last published.
+func (m *Membership) Loads() map[uint64]float64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := map[uint64]float64{m.mu.self.ID: m.mu.self.Load}
+	for id, n := range m.mu.nodes {
+		if n.alive && id != m.mu.self.ID {
+			out[id] = n.info.Load
+		}
+	}
+	return out
 }
 
 // Resolve returns the internal address of node id.

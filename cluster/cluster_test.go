@@ -19,8 +19,8 @@ func freePort(t *testing.T) int {
 }
 
 // TestGossipMembershipAndLeaders starts three memberships, checks that each
-// learns the others' addresses and leaderships, and that a stopped node is
-// reported dead.
+// learns the others' addresses, leaderships and loads, and that a stopped
+// node is reported dead (and has no load).
 func TestGossipMembershipAndLeaders(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var ms []*Membership
@@ -44,8 +44,12 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 		}
 	}()
 	ms[1].SetLeads([]uint64{7, 100})
+	ms[2].SetLoad(250.5)
 	eventually(t, func() bool {
 		for _, m := range ms {
+			if l := m.Loads(); len(l) != 3 || l[3] != 250.5 || l[1] != 0 || l[2] != 0 {
+				return false
+			}
 			for id := uint64(1); id <= 3; id++ {
 				if a, ok := m.Resolve(id); !ok || a != fmt.Sprintf("127.0.0.1:%d", 10000+id) || !m.Alive(id) {
 					return false
@@ -59,6 +63,9 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 	})
 	ms[2].Stop()
 	eventually(t, func() bool { return !ms[0].Alive(3) && ms[0].DownFor(3) > 0 })
+	if _, ok := ms[0].Loads()[3]; ok {
+		t.Fatal("a dead node's load is still listed")
+	}
 }
 
 func eventually(t *testing.T, f func() bool) {
