@@ -118,7 +118,8 @@ type Config struct {
 	// (peer TLS covers raft and forwarding, not gossip).
 	GossipKeyFile string
 	// LeaderBalanceInterval is how often a node hands leaderships to their
-	// preferred nodes (spreading leaders over the cluster); default 5s.
+	// preferred nodes or to less loaded ones (spreading leaders and their
+	// writes over the cluster); default 5s.
 	LeaderBalanceInterval time.Duration
 	// FastGossip uses memberlist's local-network timings (tests).
 	FastGossip bool
@@ -150,7 +151,8 @@ type Config struct {
 	// Kubernetes writes one key per txn.
 	SplitWriteRate float64
 	// SplitWindow (--split-window) is how often leaders check their
-	// partitions' size and write rate; default 10s.
+	// partitions' size and write rate, and measure the leader load the
+	// leader balancer evens out (loadbalance.go); default 10s.
 	SplitWindow time.Duration
 
 	// Logger; default: JSON to stderr at LogLevel.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -70,7 +71,8 @@ func hosts(cs raftpb.ConfState, node uint64) bool {
 
 // balanceLeaders hands each group this node leads to its preferred leader
 // (preferredLeaderOf) when that node is alive and a voter, so leaders stay
-// spread over the cluster after failovers and reach nodes that joined.
+// spread over the cluster after failovers and reach nodes that joined;
+// partitions' leaderships also move by load (loadbalance.go).
 func (s *Server) balanceLeaders() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.LeaderBalanceInterval)
@@ -81,29 +83,82 @@ func (s *Server) balanceLeaders() {
 			return
 		case <-t.C:
 		}
-		for _, id := range s.groupIDs() {
-			g := s.host.Group(id)
-			if g == nil {
-				continue
+		s.balanceLeadersOnce()
+	}
+}
+
+// balanceLeadersOnce is one round of balanceLeaders.
+func (s *Server) balanceLeadersOnce() {
+	leads := func(id uint64) bool {
+		g := s.host.Group(id)
+		return g != nil && g.Status().IsLeader
+	}
+	loads := s.nodeLoads(leads)
+	s.load.Lock()
+	byLoad := time.Since(s.load.lastMove) > 2*s.cfg.SplitWindow
+	s.load.Unlock()
+	// The busiest partitions first: the first load move is the largest
+	// one that evens the loads out.
+	ids := s.groupIDs()
+	rates := make(map[uint64]float64, len(ids))
+	for _, id := range ids {
+		rates[id] = s.leaderRate(id)
+	}
+	slices.SortStableFunc(ids, func(a, b uint64) int { return cmp.Compare(rates[b], rates[a]) })
+	members := s.memberIDs()
+	for _, id := range ids {
+		g := s.host.Group(id)
+		if g == nil {
+			continue
+		}
+		st := g.Status()
+		if !st.IsLeader || !st.LeaderReady {
+			continue
+		}
+		// A group whose replicas are changing (a move or repair: more
+		// voters than the replication factor, or partition learners)
+		// keeps its leader: the leader may have been handed over so
+		// that the preferred node's replica can be removed.
+		if len(st.Voters) > min(s.id.Replicas, len(members)) || (len(st.Learners) > 0 && !allMembersGroup(id)) {
+			continue
+		}
+		// Gossip takes seconds to notice a dead node; raft knows within
+		// an election timeout whether a voter still answers. A transfer
+		// to a dead node would pause the group's writes for nothing.
+		var candidates []uint64
+		for _, v := range st.Voters {
+			if v != s.id.MemberID && slices.Contains(st.Active, v) && s.membership.Alive(v) && slices.Contains(members, v) {
+				candidates = append(candidates, v)
 			}
-			st := g.Status()
-			pref := s.preferredLeaderOf(id)
-			if !st.IsLeader || !st.LeaderReady || pref == s.id.MemberID || !s.membership.Alive(pref) || !slices.Contains(s.memberIDs(), pref) {
-				continue
-			}
-			// A group whose replicas are changing (a move or repair: more
-			// voters than the replication factor, or partition learners)
-			// keeps its leader: the leader may have been handed over so
-			// that the preferred node's replica can be removed.
-			if len(st.Voters) > min(s.id.Replicas, len(s.memberIDs())) || (len(st.Learners) > 0 && !allMembersGroup(id)) {
-				continue
-			}
-			// Gossip takes seconds to notice a dead node; raft knows within
-			// an election timeout whether pref still answers. A transfer to
-			// a dead node would pause the group's writes for nothing.
-			if slices.Contains(st.Voters, pref) && slices.Contains(st.Active, pref) {
+		}
+		pref := s.preferredLeaderOf(id)
+		if allMembersGroup(id) {
+			// No partition writes: only the preferred node counts.
+			if pref != s.id.MemberID && slices.Contains(candidates, pref) {
+				s.balanceTransfers.WithLabelValues("preferred").Inc()
 				s.transferLeadership(g, pref)
 			}
+			continue
+		}
+		to, forLoad := pickLeader(s.id.MemberID, pref, rates[id], loads, candidates, byLoad)
+		if to == 0 {
+			continue
+		}
+		if forLoad {
+			s.log.Info("moving a partition's leadership for load", "group", id, "to", formatID(to),
+				"writes_per_second", rates[id], "load", loads[s.id.MemberID], "target_load", loads[to])
+			byLoad = false
+			s.load.Lock()
+			s.load.lastMove = time.Now()
+			s.load.Unlock()
+			s.balanceTransfers.WithLabelValues("load").Inc()
+		} else {
+			s.balanceTransfers.WithLabelValues("preferred").Inc()
+		}
+		s.transferLeadership(g, to)
+		if !g.Status().IsLeader {
+			loads[s.id.MemberID] -= rates[id]
+			loads[to] += rates[id]
 		}
 	}
 }

@@ -62,17 +62,22 @@ type Server struct {
 	// serializes installing maps.
 	routesKick chan struct{}
 	routesMu   sync.Mutex
+	// load is what the leader balancer knows of the partitions this node
+	// leads (loadbalance.go).
+	load leaderLoad
 	// splits counts the splits this node started, by reason.
-	splits        *prometheus.CounterVec
-	refused       prometheus.Counter     // peer calls refused as another cluster's
-	refusedLog    atomic.Int64           // unix nanos of the last refusal logged
-	internalCalls *prometheus.CounterVec // calls other nodes made here, by op
-	closeFwd      []*forwardCloser
-	store         *kvapi.Store
-	hub           *etcdcompat.Hub
-	etcd          *etcdcompat.Server
-	grpc          *grpc.Server
-	quota         *quota
+	splits           *prometheus.CounterVec
+	balanceTransfers *prometheus.CounterVec // leader balancer's transfers, by reason
+	leaderWriteRate  prometheus.Gauge       // writes/s of the partitions this node leads
+	refused          prometheus.Counter     // peer calls refused as another cluster's
+	refusedLog       atomic.Int64           // unix nanos of the last refusal logged
+	internalCalls    *prometheus.CounterVec // calls other nodes made here, by op
+	closeFwd         []*forwardCloser
+	store            *kvapi.Store
+	hub              *etcdcompat.Hub
+	etcd             *etcdcompat.Server
+	grpc             *grpc.Server
+	quota            *quota
 
 	// Cluster plumbing (nil on a single node).
 	membership *membership
@@ -120,7 +125,13 @@ func New(cfg Config) (*Server, error) {
 	s.internalCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_internal_calls_total", Help: "Internal calls other nodes made to this one, by operation (forwarded writes, TSO, reads, closes, ...).",
 	}, []string{"op"})
-	s.registry.MustRegister(s.splits, s.refused, s.internalCalls)
+	s.balanceTransfers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_leader_balance_transfers_total", Help: "Leadership transfers the leader balancer started, by reason (preferred: to the placement's node; load: to even out the nodes' leader write load).",
+	}, []string{"reason"})
+	s.leaderWriteRate = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "brain_leader_write_rate", Help: "Writes per second the partitions this node leads took over the last split window (its leader load, gossiped to the leader balancer).",
+	})
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.balanceTransfers, s.leaderWriteRate)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err

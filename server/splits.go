@@ -261,16 +261,33 @@ const minLoadSplitKeys = 64
 // splitDriver splits the partitions this node leads that grew past
 // --split-keys or took more than --split-write-rate writes per second
 // over the last window, until the node stops.
+//
+// It also measures each led partition's write rate over the window for
+// the leader balancer (loadbalance.go).
 func (s *Server) splitDriver() {
 	s.every(s.cfg.SplitWindow, nil, func() {
+		type window struct {
+			p      *partition.Partition
+			writes int64
+			hot    []byte
+		}
+		var led []window
+		rates := map[uint64]float64{}
 		for _, p := range s.servingPartitions() {
-			if !p.IsLeader() {
-				continue
-			}
+			// Every replica's window restarts, so a follower that leads
+			// again later does not count writes of an earlier leadership.
 			writes, hot := p.TakeLoad()
+			if p.IsLeader() {
+				led = append(led, window{p, writes, hot})
+				rates[p.ID()] = float64(writes) / s.cfg.SplitWindow.Seconds()
+			}
+		}
+		s.setLeaderRates(rates)
+		for _, w := range led {
+			p, writes, hot := w.p, w.writes, w.hot
 			var key []byte
 			var reason string
-			switch rate := float64(writes) / s.cfg.SplitWindow.Seconds(); {
+			switch rate := rates[p.ID()]; {
 			case s.cfg.SplitKeys > 0 && p.Keys() > s.cfg.SplitKeys:
 				key, reason = p.MedianKey(), "size"
 			case s.cfg.SplitWriteRate > 0 && rate > s.cfg.SplitWriteRate && p.Keys() >= minLoadSplitKeys:

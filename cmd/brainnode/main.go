@@ -94,7 +94,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.DurationVar(&cfg.RebalanceInterval, "rebalance-interval", 10*time.Second, "brain: how often a partition's leader moves a replica toward the placement over the current members, so nodes that joined get their share of replicas and leaderships (negative: never).")
 	f.IntVar(&cfg.SplitKeys, "split-keys", 250000, "brain: a partition with more keys than this splits at its middle key (negative: never).")
 	f.Float64Var(&cfg.SplitWriteRate, "split-write-rate", 0, "brain: a partition taking more writes per second than this over --split-window splits at the middle of the keys written, so a hot key range spreads over partitions and nodes (0: never). A split can make a multi-key txn across the split key cross-partition (refused); Kubernetes writes one key per txn.")
-	f.DurationVar(&cfg.SplitWindow, "split-window", 10*time.Second, "brain: how often partition leaders check size and write rate for splits.")
+	f.DurationVar(&cfg.SplitWindow, "split-window", 10*time.Second, "brain: how often partition leaders check size and write rate for splits, and measure the write load the leader balancer evens out over the nodes.")
 	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), splitCmd(), snapshotCmd(), migrateCmd(), versionCmd())
 	return cmd
 }

@@ -1,0 +1,129 @@
+package server
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Leader balancing by load.
+//
+// A partition's leader does most of the work for its writes (it evaluates
+// them, takes their revisions and replicates them), so where the leaders
+// of busy partitions are decides how busy each node is. The placement
+// rotation spreads leaderships by count, which spreads load only when the
+// partitions take the same write rate; partitions split off a hot range
+// do not.
+//
+// So every node measures the write rate of each partition it leads over a
+// split window (splitDriver) and gossips the sum, its leader load. Each
+// round of the leader balancer (balanceLeaders), for each partition it
+// leads, a node compares its own current load (the rates of the
+// partitions it leads now) with the gossiped loads of the partition's
+// other voters, and
+//
+//   - moves the busiest partition whose move makes the busier of the two
+//     nodes less busy - target load + rate < own load - slack - to the
+//     least loaded voter: at most one such move per round, and none for
+//     two split windows after one, so the loads gossiped reflect it before
+//     the next (a loaded partition's rate is only known a window after its
+//     leader gets it);
+//   - otherwise hands the partition to its preferred node (the placement
+//     rotation's) if that does not leave the preferred node busier than
+//     this one is now by more than the slack: target load + rate <= own
+//     load + slack. With no load anywhere this is the plain rotation.
+//
+// The two rules do not undo each other: a preferred-node move never
+// creates the imbalance a load move corrects. Slack (10% of the node's
+// load, at least one write a second) keeps nodes with nearly equal loads
+// from trading partitions. The TSO and meta groups take no partition
+// writes and always go to their preferred node.
+
+// loadSlack is the fraction of a node's leader load that another node's
+// may differ by without a move; minLoadSlack is its floor, in writes/s.
+const (
+	loadSlack    = 0.1
+	minLoadSlack = 1.0
+)
+
+// leaderLoad is what the leader balancer knows of this node's partitions.
+type leaderLoad struct {
+	sync.Mutex
+	// rates is the write rate of each partition this node led through the
+	// last split window.
+	rates map[uint64]float64
+	// lastMove is when this node last moved a leadership for load.
+	lastMove time.Time
+}
+
+// setLeaderRates records the last window's rates of the partitions this
+// node leads and gossips their sum.
+func (s *Server) setLeaderRates(rates map[uint64]float64) {
+	var sum float64
+	for _, r := range rates {
+		sum += r
+	}
+	s.load.Lock()
+	s.load.rates = rates
+	s.load.Unlock()
+	s.leaderWriteRate.Set(sum)
+	if s.membership != nil {
+		s.membership.SetLoad(sum)
+	}
+}
+
+// leaderRate returns partition id's write rate over the last window this
+// node led it through (0 if unknown).
+func (s *Server) leaderRate(id uint64) float64 {
+	s.load.Lock()
+	defer s.load.Unlock()
+	return s.load.rates[id]
+}
+
+// nodeLoads returns the leader load of every alive node: this node's from
+// the partitions it leads now, the others' as gossiped.
+func (s *Server) nodeLoads(leads func(id uint64) bool) map[uint64]float64 {
+	loads := s.membership.Loads()
+	s.load.Lock()
+	defer s.load.Unlock()
+	var own float64
+	for id, r := range s.load.rates {
+		if leads(id) {
+			own += r
+		}
+	}
+	loads[s.id.MemberID] = own
+	return loads
+}
+
+// pickLeader decides where the leadership of a partition that self leads,
+// and that took rate writes/s, goes: to the least loaded of candidates
+// (voters that can take it) when byLoad is allowed and that evens out
+// the loads, else to pref when that does not unbalance them (see the file
+// comment). It returns 0 to keep it.
+func pickLeader(self, pref uint64, rate float64, loads map[uint64]float64, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+	own := loads[self]
+	slack := max(minLoadSlack, loadSlack*own)
+	if byLoad && rate > 0 && len(candidates) > 0 {
+		least := slices.MinFunc(candidates, func(a, b uint64) int {
+			if c := cmp.Compare(loads[a], loads[b]); c != 0 {
+				return c
+			}
+			switch {
+			case a == pref:
+				return -1
+			case b == pref:
+				return 1
+			}
+			return cmp.Compare(a, b)
+		})
+		if loads[least]+rate < own-slack {
+			return least, true
+		}
+	}
+	if pref != self && slices.Contains(candidates, pref) && loads[pref]+rate <= own+slack {
+		return pref, false
+	}
+	return 0, false
+}

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func TestPickLeader(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		pref    uint64
+		rate    float64
+		loads   map[uint64]float64
+		cands   []uint64
+		byLoad  bool
+		to      uint64
+		forLoad bool
+	}{
+		{name: "idle: the preferred node", pref: 2, loads: map[uint64]float64{}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "idle, preferred here: stay", pref: 1, loads: map[uint64]float64{}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "preferred node not a candidate: stay", pref: 4, loads: map[uint64]float64{}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "busy here, idle voter: move for load", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, cands: []uint64{2, 3}, byLoad: true, to: 3, forLoad: true},
+		{name: "busy here but load moves paused", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, cands: []uint64{2, 3}},
+		{name: "a move that would only swap the imbalance: stay", pref: 1, rate: 500, loads: map[uint64]float64{1: 500, 2: 100, 3: 400}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "preferred node busier: stay", pref: 2, rate: 300, loads: map[uint64]float64{1: 400, 2: 600, 3: 500}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "preferred node within the slack: move there", pref: 2, rate: 10, loads: map[uint64]float64{1: 400, 2: 420, 3: 405}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "equal loads: the preferred node first", pref: 3, rate: 100, loads: map[uint64]float64{1: 500, 2: 0, 3: 0}, cands: []uint64{2, 3}, byLoad: true, to: 3, forLoad: true},
+		{name: "equal loads: then the lowest ID", pref: 1, rate: 100, loads: map[uint64]float64{1: 500, 2: 0, 3: 0}, cands: []uint64{3, 2}, byLoad: true, to: 2, forLoad: true},
+		{name: "idle partition on a busy node: no load move", pref: 1, rate: 0, loads: map[uint64]float64{1: 900, 2: 0}, cands: []uint64{2}, byLoad: true},
+		{name: "no candidates", pref: 2, rate: 100, loads: map[uint64]float64{1: 900}, byLoad: true},
+	} {
+		to, forLoad := pickLeader(1, c.pref, c.rate, c.loads, c.cands, c.byLoad)
+		if to != c.to || forLoad != c.forLoad {
+			t.Errorf("%s: got (%d, %v), want (%d, %v)", c.name, to, forLoad, c.to, c.forLoad)
+		}
+	}
+}
+
+// TestPickLeaderDoesNotUndo checks on random loads that the node a
+// leadership moves to never hands it straight back: neither rule undoes
+// a move of the other (or of itself).
+func TestPickLeaderDoesNotUndo(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	nodes := []uint64{1, 2, 3, 4}
+	others := func(n uint64) []uint64 {
+		var out []uint64
+		for _, m := range nodes {
+			if m != n {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	moves := 0
+	for i := 0; i < 100000; i++ {
+		loads := map[uint64]float64{}
+		for _, n := range nodes {
+			if r.IntN(4) > 0 {
+				loads[n] = float64(r.IntN(1000))
+			}
+		}
+		// The partition is one of node 1's, so its rate is part of
+		// node 1's load.
+		rate := 0.0
+		if loads[1] > 0 && r.IntN(4) > 0 {
+			rate = float64(r.IntN(int(loads[1]) + 1))
+		}
+		pref := nodes[r.IntN(len(nodes))]
+		to, _ := pickLeader(1, pref, rate, loads, others(1), r.IntN(2) == 0)
+		if to == 0 {
+			continue
+		}
+		moves++
+		after := map[uint64]float64{}
+		for n, l := range loads {
+			after[n] = l
+		}
+		after[1] -= rate
+		after[to] += rate
+		for _, byLoad := range []bool{true, false} {
+			if back, _ := pickLeader(to, pref, rate, after, others(to), byLoad); back == 1 {
+				t.Fatalf("loads %v, rate %v, preferred %d: moved to %d, which moves it back (load moves %v)", loads, rate, pref, to, byLoad)
+			}
+		}
+	}
+	if moves < 10000 {
+		t.Fatalf("only %d of 100000 random cases moved: the test covers too little", moves)
+	}
+}
