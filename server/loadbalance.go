@@ -25,10 +25,12 @@ import (
 //
 //   - moves the busiest partition whose move makes the busier of the two
 //     nodes less busy - target load + rate < own load - slack - to the
-//     least loaded voter: at most one such move per round, and none for
-//     two split windows after one, so the loads gossiped reflect it before
-//     the next (a loaded partition's rate is only known a window after its
-//     leader gets it);
+//     least loaded voter: only once rounds at least a split window apart
+//     chose the same move (each node measures on its own clock, so when
+//     load starts or shifts some loads gossiped are a window old; a move
+//     chosen on them alone would follow load that is already elsewhere),
+//     at most one such move per round, and none for two split windows
+//     after one, so the loads gossiped reflect it before the next;
 //   - otherwise hands the partition to its preferred node (the placement
 //     rotation's) if that does not leave the preferred node busier than
 //     this one is now by more than the slack: target load + rate <= own
@@ -55,6 +57,49 @@ type leaderLoad struct {
 	rates map[uint64]float64
 	// lastMove is when this node last moved a leadership for load.
 	lastMove time.Time
+	// round counts the balancer's rounds; chosen is the load move the
+	// rounds up to the last one chose for each partition, since when.
+	round  int64
+	chosen map[uint64]chosenMove
+}
+
+type chosenMove struct {
+	to    uint64
+	since time.Time
+	round int64 // the last round that chose it
+}
+
+// nextRound starts a balancer round.
+func (l *leaderLoad) nextRound() {
+	l.Lock()
+	l.round++
+	l.Unlock()
+}
+
+// confirmLoadMove records that this round chose to move group id's
+// leadership to node to for load, and reports whether every round for at
+// least window, up to this one, chose it.
+func (l *leaderLoad) confirmLoadMove(id, to uint64, window time.Duration, now time.Time) bool {
+	l.Lock()
+	defer l.Unlock()
+	if l.chosen == nil {
+		l.chosen = make(map[uint64]chosenMove)
+	}
+	c, ok := l.chosen[id]
+	if !ok || c.to != to || c.round != l.round-1 {
+		c = chosenMove{to: to, since: now}
+	}
+	c.round = l.round
+	l.chosen[id] = c
+	return now.Sub(c.since) >= window
+}
+
+// forgetLoadMove drops group id's chosen load move (it moved, or a round
+// chose none: the next choice starts over).
+func (l *leaderLoad) forgetLoadMove(id uint64) {
+	l.Lock()
+	delete(l.chosen, id)
+	l.Unlock()
 }
 
 // setLeaderRates records the last window's rates of the partitions this

@@ -3,6 +3,7 @@ package server
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 func TestPickLeader(t *testing.T) {
@@ -85,5 +86,48 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 	}
 	if moves < 10000 {
 		t.Fatalf("only %d of 100000 random cases moved: the test covers too little", moves)
+	}
+}
+
+// TestLoadMoveNeedsConfirmation checks a load move is made only once
+// consecutive rounds chose it for a window: a round choosing another
+// target, or none, or a round that skipped the group, starts over.
+func TestLoadMoveNeedsConfirmation(t *testing.T) {
+	const window = 10 * time.Second
+	t0 := time.Unix(1000, 0)
+	var l leaderLoad
+	step := func(id, to uint64, at time.Duration) bool {
+		l.nextRound()
+		return l.confirmLoadMove(id, to, window, t0.Add(at))
+	}
+	for i, c := range []struct {
+		to   uint64
+		at   time.Duration
+		want bool
+	}{
+		{to: 2, at: 0, want: false},
+		{to: 2, at: 5 * time.Second, want: false},
+		{to: 2, at: 10 * time.Second, want: true},
+		{to: 3, at: 15 * time.Second, want: false}, // another target: starts over
+		{to: 3, at: 20 * time.Second, want: false},
+		{to: 3, at: 25 * time.Second, want: true},
+	} {
+		if got := step(7, c.to, c.at); got != c.want {
+			t.Fatalf("step %d (to %d at %v): confirmed %v, want %v", i, c.to, c.at, got, c.want)
+		}
+	}
+	// A round that did not choose it (the group was skipped) in between.
+	step(8, 2, 0)
+	l.nextRound()
+	if step(8, 2, 20*time.Second) {
+		t.Fatal("a move chosen again after a round that skipped it was confirmed at once")
+	}
+	if !step(8, 2, 30*time.Second) {
+		t.Fatal("a move chosen for a window of consecutive rounds was not confirmed")
+	}
+	// Forgotten (a round chose no load move): starts over.
+	l.forgetLoadMove(8)
+	if step(8, 2, 45*time.Second) {
+		t.Fatal("a forgotten move was confirmed at once")
 	}
 }

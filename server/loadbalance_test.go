@@ -39,10 +39,16 @@ func TestLeadersMoveForLoad(t *testing.T) {
 		}
 		return 0
 	}
-	// Idle, the rotation puts both on their preferred node.
+	// Idle, the rotation puts both on their preferred node (and keeps
+	// them there: 2s is four balancer rounds).
+	var together time.Time
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		a, b := leaderOf(busyA), leaderOf(busyB)
-		if a != 0 && a == b {
+		if a == 0 || a != b {
+			together = time.Time{}
+		} else if together.IsZero() {
+			together = time.Now()
+		} else if time.Since(together) > 2*time.Second {
 			t.Logf("idle: partitions %d and %d led by %x", busyA, busyB, a)
 			break
 		}

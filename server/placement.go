@@ -94,6 +94,7 @@ func (s *Server) balanceLeadersOnce() {
 		return g != nil && g.Status().IsLeader
 	}
 	loads := s.nodeLoads(leads)
+	s.load.nextRound()
 	s.load.Lock()
 	byLoad := time.Since(s.load.lastMove) > 2*s.cfg.SplitWindow
 	s.load.Unlock()
@@ -141,6 +142,10 @@ func (s *Server) balanceLeadersOnce() {
 			continue
 		}
 		to, forLoad := pickLeader(s.id.MemberID, pref, rates[id], loads, candidates, byLoad)
+		if forLoad && !s.load.confirmLoadMove(id, to, s.cfg.SplitWindow, time.Now()) {
+			continue
+		}
+		s.load.forgetLoadMove(id)
 		if to == 0 {
 			continue
 		}
