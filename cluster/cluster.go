@@ -23,8 +23,19 @@ type NodeInfo struct {
 	ClientURLs []string `json:"client"` // etcd API URLs
 	Leads      []uint64 `json:"leads"`  // raft groups this node leads
 	// Load is the writes per second the partitions this node leads took
-	// over the last measurement window (the leader balancer evens it out).
+	// over the last window it measured them in (the leader balancer evens
+	// it out).
 	Load float64 `json:"load,omitempty"`
+	// Unmeasured counts the partitions this node leads that it has not
+	// measured yet (it got their leadership since its last window): Load
+	// is low by their rates.
+	Unmeasured int `json:"unmeasured,omitempty"`
+}
+
+// NodeLoad is a node's published leader load.
+type NodeLoad struct {
+	Load       float64
+	Unmeasured int
 }
 
 // Config configures Membership.
@@ -168,26 +179,27 @@ func (m *Membership) SetLeads(groups []uint64) {
 	}
 }
 
-// SetLoad publishes this node's leader write load (NodeInfo.Load).
-func (m *Membership) SetLoad(load float64) {
+// SetLoad publishes this node's leader write load (NodeInfo.Load and
+// Unmeasured).
+func (m *Membership) SetLoad(l NodeLoad) {
 	m.mu.Lock()
-	same := m.mu.self.Load == load
-	m.mu.self.Load = load
+	same := m.mu.self.Load == l.Load && m.mu.self.Unmeasured == l.Unmeasured
+	m.mu.self.Load, m.mu.self.Unmeasured = l.Load, l.Unmeasured
 	m.mu.Unlock()
 	if !same {
 		_ = m.ml.UpdateNode(time.Second)
 	}
 }
 
-// Loads returns the leader write load (NodeInfo.Load) of every alive node
-// gossip knows, this one included, as last published.
-func (m *Membership) Loads() map[uint64]float64 {
+// Loads returns the leader write load of every alive node gossip knows,
+// this one included, as last published.
+func (m *Membership) Loads() map[uint64]NodeLoad {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := map[uint64]float64{m.mu.self.ID: m.mu.self.Load}
+	out := map[uint64]NodeLoad{m.mu.self.ID: {m.mu.self.Load, m.mu.self.Unmeasured}}
 	for id, n := range m.mu.nodes {
 		if n.alive && id != m.mu.self.ID {
-			out[id] = n.info.Load
+			out[id] = NodeLoad{n.info.Load, n.info.Unmeasured}
 		}
 	}
 	return out

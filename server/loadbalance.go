@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/brainkv/brain/cluster"
 )
 
 // Leader balancing by load.
@@ -17,18 +19,23 @@ import (
 // do not.
 //
 // So every node measures the write rate of each partition it leads over a
-// split window (splitDriver) and gossips the sum, its leader load. Each
-// round of the leader balancer (balanceLeaders), for each partition it
-// leads, a node compares its own current load (the rates of the
-// partitions it leads now) with the gossiped loads of the partition's
-// other voters, and
+// split window (splitDriver) and gossips, with its leaderships, its leader
+// load: the sum of the last measured rates of the partitions it leads now,
+// and how many of those it has not measured yet (it got them since its
+// last window; such a node is "unsettled": busier than its load says, and
+// no load move goes to it until it measured them, or every busy node
+// would move a partition to the same idle one). Each round of the leader
+// balancer (balanceLeaders), for each partition it leads, a node compares
+// its own load with the gossiped loads of the partition's other voters,
+// and
 //
 //   - moves the busiest partition whose move makes the busier of the two
 //     nodes less busy - target load + rate < own load - slack - to the
-//     least loaded voter: only once rounds at least a split window apart
-//     chose the same move (each node measures on its own clock, so when
-//     load starts or shifts some loads gossiped are a window old; a move
-//     chosen on them alone would follow load that is already elsewhere),
+//     least loaded settled voter: only once rounds at least a split
+//     window apart chose the same move (each node measures on its own
+//     clock, so when load starts or shifts some rates are a window old; a
+//     move chosen on them alone would follow load that is already
+//     elsewhere),
 //     at most one such move per round, and none for two split windows
 //     after one, so the loads gossiped reflect it before the next;
 //   - otherwise hands the partition to its preferred node (the placement
@@ -103,7 +110,7 @@ func (l *leaderLoad) forgetLoadMove(id uint64) {
 }
 
 // setLeaderRates records the last window's rates of the partitions this
-// node leads and gossips their sum.
+// node leads.
 func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	var sum float64
 	for _, r := range rates {
@@ -113,9 +120,6 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	s.load.rates = rates
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
-	if s.membership != nil {
-		s.membership.SetLoad(sum)
-	}
 }
 
 // leaderRate returns partition id's write rate over the last window this
@@ -126,20 +130,41 @@ func (s *Server) leaderRate(id uint64) float64 {
 	return s.load.rates[id]
 }
 
-// nodeLoads returns the leader load of every alive node: this node's from
-// the partitions it leads now, the others' as gossiped.
-func (s *Server) nodeLoads(leads func(id uint64) bool) map[uint64]float64 {
-	loads := s.membership.Loads()
+// ownLoad returns this node's leader load now: the rates of the partitions
+// among led that it measured, and how many it did not measure yet.
+func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
-	var own float64
-	for id, r := range s.load.rates {
-		if leads(id) {
-			own += r
+	var l cluster.NodeLoad
+	for _, id := range led {
+		if !s.isPartition(id) {
+			continue
+		}
+		if r, ok := s.load.rates[id]; ok {
+			l.Load += r
+		} else {
+			l.Unmeasured++
 		}
 	}
-	loads[s.id.MemberID] = own
-	return loads
+	return l
+}
+
+// nodeLoads returns the leader load of every alive node (this node's from
+// the partitions it leads now, the others' as gossiped: at most a gossip
+// round old, as each node publishes its own with its leaderships), and
+// the nodes that lead partitions they have not measured yet, whose load
+// is low by an unknown amount.
+func (s *Server) nodeLoads(led []uint64) (loads map[uint64]float64, unsettled map[uint64]bool) {
+	loads, unsettled = map[uint64]float64{}, map[uint64]bool{}
+	all := s.membership.Loads()
+	all[s.id.MemberID] = s.ownLoad(led)
+	for id, l := range all {
+		loads[id] = l.Load
+		if l.Unmeasured > 0 {
+			unsettled[id] = true
+		}
+	}
+	return loads, unsettled
 }
 
 // pickLeader decides where the leadership of a partition that self leads,
@@ -147,11 +172,15 @@ func (s *Server) nodeLoads(leads func(id uint64) bool) map[uint64]float64 {
 // (voters that can take it) when byLoad is allowed and that evens out
 // the loads, else to pref when that does not unbalance them (see the file
 // comment). It returns 0 to keep it.
-func pickLeader(self, pref uint64, rate float64, loads map[uint64]float64, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+func pickLeader(self, pref uint64, rate float64, loads map[uint64]float64, unsettled map[uint64]bool, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
 	own := loads[self]
 	slack := max(minLoadSlack, loadSlack*own)
-	if byLoad && rate > 0 && len(candidates) > 0 {
-		least := slices.MinFunc(candidates, func(a, b uint64) int {
+	// A node that got leaderships it has not measured yet is busier than
+	// its load says: no load move goes there until it has (without this,
+	// every busy node would move a partition to the same idle one).
+	targets := slices.DeleteFunc(slices.Clone(candidates), func(n uint64) bool { return unsettled[n] })
+	if byLoad && rate > 0 && len(targets) > 0 {
+		least := slices.MinFunc(targets, func(a, b uint64) int {
 			if c := cmp.Compare(loads[a], loads[b]); c != 0 {
 				return c
 			}

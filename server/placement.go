@@ -89,11 +89,7 @@ func (s *Server) balanceLeaders() {
 
 // balanceLeadersOnce is one round of balanceLeaders.
 func (s *Server) balanceLeadersOnce() {
-	leads := func(id uint64) bool {
-		g := s.host.Group(id)
-		return g != nil && g.Status().IsLeader
-	}
-	loads := s.nodeLoads(leads)
+	loads, unsettled := s.nodeLoads(s.ledGroups())
 	s.load.nextRound()
 	s.load.Lock()
 	byLoad := time.Since(s.load.lastMove) > 2*s.cfg.SplitWindow
@@ -141,7 +137,7 @@ func (s *Server) balanceLeadersOnce() {
 			}
 			continue
 		}
-		to, forLoad := pickLeader(s.id.MemberID, pref, rates[id], loads, candidates, byLoad)
+		to, forLoad := pickLeader(s.id.MemberID, pref, rates[id], loads, unsettled, candidates, byLoad)
 		if forLoad && !s.load.confirmLoadMove(id, to, s.cfg.SplitWindow, time.Now()) {
 			continue
 		}
