@@ -89,7 +89,7 @@ func (s *Server) balanceLeaders() {
 
 // balanceLeadersOnce is one round of balanceLeaders.
 func (s *Server) balanceLeadersOnce() {
-	loads, unsettled := s.nodeLoads(s.ledGroups())
+	loads, unsettled := s.nodeLoads(s.Leading())
 	s.load.nextRound()
 	s.load.Lock()
 	byLoad := time.Since(s.load.lastMove) > 2*s.cfg.SplitWindow

@@ -455,21 +455,10 @@ func (s *Server) leaderHint(group uint64) uint64 {
 // (loadbalance.go) as of its leaderships now.
 func (s *Server) publishLeads() {
 	s.every(200*time.Millisecond, nil, func() {
-		leads := s.ledGroups()
+		leads := s.Leading()
 		s.membership.SetLeads(leads)
 		s.membership.SetLoad(s.ownLoad(leads))
 	})
-}
-
-// ledGroups returns the groups this node leads.
-func (s *Server) ledGroups() []uint64 {
-	var leads []uint64
-	for _, id := range s.groupIDs() {
-		if g := s.host.Group(id); g != nil && g.Status().IsLeader {
-			leads = append(leads, id)
-		}
-	}
-	return leads
 }
 
 // every runs f every interval, and when kick (may be nil) fires, until
