@@ -161,6 +161,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		// too_many_pings, breaking every watch on the connection.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		// Static flow-control windows: no PING and few WINDOW_UPDATE frames
+		// per request (see rpccodec.StaticWindow).
+		grpc.StaticStreamWindowSize(rpccodec.StaticWindow),
+		grpc.StaticConnWindowSize(rpccodec.StaticWindow),
 	}
 }
 
