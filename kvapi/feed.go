@@ -241,9 +241,12 @@ func (s *Store) ServeFeed(stream grpc.ServerStream) error {
 			return status.Error(codes.ResourceExhausted, partition.ErrSlowSubscriber.Error())
 		}
 		for _, m := range msgs {
-			for _, r := range m.Events {
-				if r.PrevValuesMissing {
-					fillPrevValues(p, r.Events)
+			for i := range m.Events {
+				// This replica applied the events, so it has the previous
+				// versions; the receiver's replica may lag behind the
+				// stream and must not be asked for them again.
+				if r := &m.Events[i]; r.PrevValuesMissing {
+					r.PrevValuesMissing = !fillPrevValues(p, r.Events)
 				}
 			}
 			if err := stream.SendMsg(m); err != nil {
@@ -254,24 +257,28 @@ func (s *Store) ServeFeed(stream grpc.ServerStream) error {
 }
 
 // fillPrevValues loads the values of prev_kvs published without them (the
-// receiving node may not have the versions).
-func fillPrevValues(p *partition.Partition, evs []*mvccpb.Event) {
+// receiving node may not have the versions) and reports whether it found
+// them all. One it cannot read here (the key left the partition in a
+// split since) stays without its value for the receiver to look up.
+func fillPrevValues(p *partition.Partition, evs []*mvccpb.Event) bool {
+	all := true
 	for i, ev := range evs {
 		if ev.PrevKv == nil {
 			continue
 		}
 		v, err := p.PrevValue(ev.PrevKv.Key, ev.PrevKv.ModRevision)
+		if err != nil {
+			all = false
+			continue
+		}
 		// Published events are shared with this node's hub: copy.
 		c := *ev
 		kv := *ev.PrevKv
-		if err != nil {
-			c.PrevKv = nil
-		} else {
-			kv.Value = v
-			c.PrevKv = &kv
-		}
+		kv.Value = v
+		c.PrevKv = &kv
 		evs[i] = &c
 	}
+	return all
 }
 
 // feedBuffer queues a live subscription's publishes for a stream.

@@ -165,6 +165,10 @@ func (s *Store) handleCall(ctx context.Context, req *CallRequest) ([]byte, error
 		if err != nil {
 			return nil, err
 		}
+		// The version exists once rev applied here (this replica may lag).
+		if err := p.WaitClosed(ctx, v[0]); err != nil {
+			return nil, err
+		}
 		return p.PrevValue(key, v[0])
 	case OpLeaseKeys:
 		v, rest, err := readInts(req.Args, 1)

@@ -10,6 +10,7 @@ import (
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -40,31 +41,7 @@ func (usableLeases) Refresh(context.Context) error { return nil }
 // ReportSplits records it later; an error would have the caller retry a
 // split that is already there, which the partition refuses.
 func TestAppliedSplitSucceedsUnrecorded(t *testing.T) {
-	db, err := engine.Open(engine.Config{Dir: "db", FS: vfs.NewMem(), CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	p, err := partition.New(partition.Config{ID: FirstPartition, DB: db, Revisions: &counterRevs{}, Leases: usableLeases{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := host.CreateGroup(FirstPartition, []uint64{1}, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Bind(g)
-	host.Start()
-	defer func() { p.Close(); host.Stop() }()
-	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the partition elected no leader")
-		}
-	}
+	db, p := startSoloPartition(t)
 	// A meta replica of no raft group: it never leads, so recording fails.
 	m, err := meta.New(meta.Config{}, db, MetaGroup)
 	if err != nil {
@@ -98,4 +75,37 @@ func TestAppliedSplitSucceedsUnrecorded(t *testing.T) {
 	if err := s.ReportSplits(rctx, p); err == nil {
 		t.Fatal("recording the split without a meta leader succeeded")
 	}
+}
+
+// startSoloPartition starts partition FirstPartition as the leader of a
+// one-voter raft group over an in-memory engine; the test's cleanup stops
+// it.
+func startSoloPartition(t *testing.T) (*pebble.DB, *partition.Partition) {
+	t.Helper()
+	db, err := engine.Open(engine.Config{Dir: "db", FS: vfs.NewMem(), CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p, err := partition.New(partition.Config{ID: FirstPartition, DB: db, Revisions: &counterRevs{}, Leases: usableLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := host.CreateGroup(FirstPartition, []uint64{1}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Bind(g)
+	host.Start()
+	t.Cleanup(func() { p.Close(); host.Stop() })
+	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the partition elected no leader")
+		}
+	}
+	return db, p
 }

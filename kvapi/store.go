@@ -1128,13 +1128,15 @@ func (s *Store) partitionEvents(rt *route, from, to int64, key, end []byte, maxR
 	return evs, next, more, err
 }
 
-// PrevValue loads the value of key's version at rev.
+// PrevValue loads the value of key's version at rev. A local replica that
+// has not applied rev yet (one catching up while a remote feed serves its
+// partition) does not have the version: the leader is asked instead.
 func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
 	defer cancel()
 	err = s.routed(ctx, func(t *table) error {
 		rt := t.routeFor(key)
-		if l := rt.local(); l != nil {
+		if l := rt.local(); l != nil && l.Initialized() && l.ReadableAt(rev) {
 			v, err = l.PrevValue(key, rev)
 			return err
 		}

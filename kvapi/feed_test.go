@@ -1,0 +1,101 @@
+package kvapi
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc/metadata"
+)
+
+// feedStream is the server side of a Feed stream: it receives req and
+// hands every sent message to sent.
+type feedStream struct {
+	ctx  context.Context
+	req  *FeedRequest
+	sent chan *FeedMessage
+}
+
+func (f *feedStream) SetHeader(metadata.MD) error  { return nil }
+func (f *feedStream) SendHeader(metadata.MD) error { return nil }
+func (f *feedStream) SetTrailer(metadata.MD)       {}
+func (f *feedStream) Context() context.Context     { return f.ctx }
+
+func (f *feedStream) RecvMsg(m any) error {
+	*m.(*FeedRequest) = *f.req
+	return nil
+}
+
+func (f *feedStream) SendMsg(m any) error {
+	select {
+	case f.sent <- m.(*FeedMessage):
+		return nil
+	case <-f.ctx.Done():
+		return f.ctx.Err()
+	}
+}
+
+// TestServedFeedCarriesPrevValues checks that live events a feed serves
+// to another node carry their prev_kv values and say so. The receiving
+// node's replica of the partition may lag behind the stream (it is why the
+// node streams the feed): were the events still marked as lacking the
+// values, its watch hub would look them up in that replica, miss, and send
+// watchers events without the prev_kv they asked for.
+func TestServedFeedCarriesPrevValues(t *testing.T) {
+	_, p := startSoloPartition(t)
+	s, err := NewStore(Config{Self: 1, Routes: []Route{{ID: FirstPartition, Local: p}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := p.Put(ctx, &pb.PutRequest{Key: []byte("k"), Value: []byte("v1")}); err != nil {
+		t.Fatal(err)
+	}
+
+	st := &feedStream{ctx: ctx, req: &FeedRequest{Group: FirstPartition, From: -1}, sent: make(chan *FeedMessage, 16)}
+	served := make(chan error, 1)
+	go func() { served <- s.ServeFeed(st) }()
+	// The feed is live once it sends its catch-up's closed revision.
+	for live := false; !live; {
+		select {
+		case m := <-st.sent:
+			live = m.Closed != 0
+		case err := <-served:
+			t.Fatalf("the feed ended: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the feed did not go live")
+		}
+	}
+	put, err := p.Put(ctx, &pb.PutRequest{Key: []byte("k"), Value: []byte("v2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var m *FeedMessage
+		select {
+		case m = <-st.sent:
+		case err := <-served:
+			t.Fatalf("the feed ended: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the feed did not deliver the put")
+		}
+		for _, r := range m.Events {
+			if r.Rev != put.Header.Revision {
+				continue
+			}
+			if r.PrevValuesMissing {
+				t.Error("the served events are marked as lacking prev_kv values")
+			}
+			if len(r.Events) != 1 {
+				t.Fatalf("revision %d has %d events, want 1", r.Rev, len(r.Events))
+			}
+			if pk := r.Events[0].PrevKv; pk == nil || string(pk.Value) != "v1" {
+				t.Errorf("the put's prev_kv is %v, want the value v1", pk)
+			}
+			return
+		}
+	}
+}
