@@ -57,8 +57,9 @@ BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn --watch-feeds-idle-after -1s}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
+PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -163,6 +164,7 @@ start_cluster() {
 		if [[ $kind == brain ]]; then
 			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
+			if ((PROFILE > 0)); then args+=(--enable-pprof); fi
 		fi
 		docker run -d --name "$name" --hostname "$name" --network "$NET" \
 			--cpu-period "$CPU_PERIOD" --cpu-quota "$QUOTA" --memory "$MEMORY" --tmpfs /tmp \
@@ -218,11 +220,21 @@ measure() {
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
 	t0=$(date +%s.%N)
+	local profs=()
+	if ((PROFILE > 0)) && [[ $kind == brain ]]; then
+		local ep i=0
+		for ep in ${EPS//,/ }; do
+			i=$((i + 1))
+			curl -s -o "$OUT/$kind-$n-$workload-n$i.pprof" "http://$ep/debug/pprof/profile?seconds=$PROFILE" &
+			profs+=($!)
+		done
+	fi
 	# brainbench exits non-zero when any create failed. A run that did all
 	# its creates with a few etcd errors (a leader lost on a starved node:
 	# "leader changed") is still a measurement: it is recorded, and the
 	# errors are reported next to it. A run that stopped early is not.
 	"$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json" || true
+	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	local ops errs
 	ops=$(sed -n 's/.*"ops":\([0-9]*\).*/\1/p' "$json" 2>/dev/null | tail -1)
 	errs=$(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$json" 2>/dev/null | tail -1)
