@@ -294,22 +294,32 @@ type feedBuffer struct {
 // Publish implements partition.Feed (on a raft worker: never blocks).
 func (b *feedBuffer) Publish(_ uint64, evs partition.RevEvents, closed int64) {
 	b.mu.Lock()
+	// What queues while the stream sends goes out in as few messages as
+	// feedCatchUpRevs revisions allow. A message's closed revision is
+	// delivered after its events; merging moves it only later, past events
+	// above it, which it says nothing about.
+	var last *FeedMessage
+	if len(b.msgs) > 0 {
+		last = b.msgs[len(b.msgs)-1]
+	}
 	switch {
 	case b.overflow:
-	case evs.Rev == 0 && len(b.msgs) > 0:
-		last := b.msgs[len(b.msgs)-1]
+	case evs.Rev == 0 && last != nil:
 		last.Closed = max(last.Closed, closed)
 	default:
-		m := &FeedMessage{Closed: closed}
+		if last == nil || len(last.Events) >= feedCatchUpRevs {
+			last = &FeedMessage{}
+			b.msgs = append(b.msgs, last)
+		}
+		last.Closed = max(last.Closed, closed)
 		if evs.Rev != 0 {
 			// Copy the event slice: fillPrevValues replaces elements.
 			evs.Events = append([]*mvccpb.Event(nil), evs.Events...)
-			m.Events = []partition.RevEvents{evs}
+			last.Events = append(last.Events, evs)
 			for _, ev := range evs.Events {
 				b.bytes += ev.Size()
 			}
 		}
-		b.msgs = append(b.msgs, m)
 		b.overflow = b.bytes > maxFeedBacklog
 	}
 	b.mu.Unlock()

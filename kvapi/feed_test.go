@@ -2,10 +2,13 @@ package kvapi
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/partition"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -97,5 +100,45 @@ func TestServedFeedCarriesPrevValues(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// TestFeedBufferMergesQueuedPublishes checks that what a live feed queues
+// between two sends goes out in as few messages as the revision cap
+// allows, in publish order, with the highest closed revision.
+func TestFeedBufferMergesQueuedPublishes(t *testing.T) {
+	b := &feedBuffer{wake: make(chan struct{}, 1)}
+	ev := func(rev int64) partition.RevEvents {
+		return partition.RevEvents{Rev: rev, Events: []*mvccpb.Event{{Kv: &mvccpb.KeyValue{Key: []byte("k"), ModRevision: rev}}}}
+	}
+	b.Publish(1, partition.RevEvents{}, 5)
+	b.Publish(1, ev(6), 0)
+	b.Publish(1, ev(7), 7)
+	b.Publish(1, partition.RevEvents{}, 7)
+	b.Publish(1, ev(9), 8)
+	msgs, overflow := b.take()
+	if overflow {
+		t.Fatal("a few events overflowed the buffer")
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages, want 1", len(msgs))
+	}
+	var revs []int64
+	for _, r := range msgs[0].Events {
+		revs = append(revs, r.Rev)
+	}
+	if fmt.Sprint(revs) != "[6 7 9]" || msgs[0].Closed != 8 {
+		t.Fatalf("message with revisions %v, closed %d; want [6 7 9], closed 8", revs, msgs[0].Closed)
+	}
+
+	for rev := int64(10); rev < 10+feedCatchUpRevs+1; rev++ {
+		b.Publish(1, ev(rev), rev)
+	}
+	msgs, _ = b.take()
+	if len(msgs) != 2 || len(msgs[0].Events) != feedCatchUpRevs || len(msgs[1].Events) != 1 {
+		t.Fatalf("%d messages for %d revisions, want %d and 1", len(msgs), feedCatchUpRevs+1, feedCatchUpRevs)
+	}
+	if msgs[0].Closed != 9+feedCatchUpRevs || msgs[1].Closed != 10+feedCatchUpRevs || msgs[1].Events[0].Rev != 10+feedCatchUpRevs {
+		t.Fatalf("closed %d and %d, last revision %d", msgs[0].Closed, msgs[1].Closed, msgs[1].Events[0].Rev)
 	}
 }
