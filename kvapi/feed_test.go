@@ -46,17 +46,7 @@ func (f *feedStream) SendMsg(m any) error {
 // values, its watch hub would look them up in that replica, miss, and send
 // watchers events without the prev_kv they asked for.
 func TestServedFeedCarriesPrevValues(t *testing.T) {
-	_, p := startSoloPartition(t)
-	s, err := NewStore(Config{Self: 1, Routes: []Route{{ID: FirstPartition, Local: p}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := p.Put(ctx, &pb.PutRequest{Key: []byte("k"), Value: []byte("v1")}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, s, _ := soloStoreWithPut(t)
 
 	st := &feedStream{ctx: ctx, req: &FeedRequest{Group: FirstPartition, From: -1}, sent: make(chan *FeedMessage, 16)}
 	served := make(chan error, 1)
@@ -141,4 +131,48 @@ func TestFeedBufferMergesQueuedPublishes(t *testing.T) {
 	if msgs[0].Closed != 9+feedCatchUpRevs || msgs[1].Closed != 10+feedCatchUpRevs || msgs[1].Events[0].Rev != 10+feedCatchUpRevs {
 		t.Fatalf("closed %d and %d, last revision %d", msgs[0].Closed, msgs[1].Closed, msgs[1].Events[0].Rev)
 	}
+}
+
+// TestPrevValueOnOneNode checks that a node without peers answers a
+// prev_kv lookup from its replica: the value of a version it has, and at
+// once an error for one it does not have (there is no leader elsewhere to
+// ask; waiting for one would stall the watch hub for the call's timeout).
+func TestPrevValueOnOneNode(t *testing.T) {
+	_, _, s, rev := soloStoreWithPut(t)
+	if v, err := s.PrevValue([]byte("k"), rev); err != nil || string(v) != "v1" {
+		t.Fatalf("PrevValue at %d: %q, %v; want v1", rev, v, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.PrevValue([]byte("k"), rev+1000)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("PrevValue of a version that does not exist succeeded")
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("PrevValue of a version this node lacks did not return (it waits for a leader elsewhere)")
+	}
+}
+
+// soloStoreWithPut starts a store of one node with startSoloPartition's
+// partition and puts k=v1 there; it returns a context for the test (10 s),
+// the partition, the store and the put's revision.
+func soloStoreWithPut(t *testing.T) (context.Context, *partition.Partition, *Store, int64) {
+	t.Helper()
+	_, p := startSoloPartition(t)
+	s, err := NewStore(Config{Self: 1, Routes: []Route{{ID: FirstPartition, Local: p}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	put, err := p.Put(ctx, &pb.PutRequest{Key: []byte("k"), Value: []byte("v1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, p, s, put.Header.Revision
 }

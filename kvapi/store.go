@@ -1128,17 +1128,20 @@ func (s *Store) partitionEvents(rt *route, from, to int64, key, end []byte, maxR
 	return evs, next, more, err
 }
 
-// PrevValue loads the value of key's version at rev. A local replica that
-// has not applied rev yet (one catching up while a remote feed serves its
-// partition) does not have the version: the leader is asked instead.
+// PrevValue loads the value of key's version at rev. A version is the same
+// wherever it is found, so a local replica is asked first; one that misses
+// it and has not applied rev yet (it catches up while a remote feed serves
+// its partition) is no answer, and the leader is asked instead.
 func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), remoteReadTimeout)
 	defer cancel()
 	err = s.routed(ctx, func(t *table) error {
 		rt := t.routeFor(key)
-		if l := rt.local(); l != nil && l.Initialized() && l.ReadableAt(rev) {
+		if l := rt.local(); l != nil {
 			v, err = l.PrevValue(key, rev)
-			return err
+			if err == nil || s.rpc == nil || (l.Initialized() && l.ReadableAt(rev)) {
+				return err
+			}
 		}
 		return s.call(ctx, rt.ID, OpPrevValue, true, nil, func() ([]byte, error) {
 			return append(ints(rev), key...), nil
