@@ -9,21 +9,19 @@ import (
 	"github.com/brainkv/brain/partition"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc"
 )
 
 // feedStream is the server side of a Feed stream: it receives req and
 // hands every sent message to sent.
 type feedStream struct {
-	ctx  context.Context
-	req  *FeedRequest
-	sent chan *FeedMessage
+	grpc.ServerStream // headers and trailers: unused by ServeFeed
+	ctx               context.Context
+	req               *FeedRequest
+	sent              chan *FeedMessage
 }
 
-func (f *feedStream) SetHeader(metadata.MD) error  { return nil }
-func (f *feedStream) SendHeader(metadata.MD) error { return nil }
-func (f *feedStream) SetTrailer(metadata.MD)       {}
-func (f *feedStream) Context() context.Context     { return f.ctx }
+func (f *feedStream) Context() context.Context { return f.ctx }
 
 func (f *feedStream) RecvMsg(m any) error {
 	*m.(*FeedRequest) = *f.req
