@@ -12,6 +12,7 @@ import (
 	"github.com/brainkv/brain/engine"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -628,5 +629,96 @@ func TestRoundProposalsShareAppends(t *testing.T) {
 		if err, _ := r.(error); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("a proposal on a follower got %v, want ErrNotLeader", r)
 		}
+	}
+}
+
+// TestHeartbeatNeedless checks which heartbeats a leader leaves out: one
+// to a follower sent an append since the last heartbeat to it, never one
+// carrying a read-index context, and never two in a row.
+func TestHeartbeatNeedless(t *testing.T) {
+	var g Group
+	app := func(to uint64) raftpb.Message { return raftpb.Message{Type: raftpb.MsgApp, To: to} }
+	hb := func(to uint64) raftpb.Message { return raftpb.Message{Type: raftpb.MsgHeartbeat, To: to} }
+	readHB := func(to uint64) raftpb.Message {
+		return raftpb.Message{Type: raftpb.MsgHeartbeat, To: to, Context: []byte("read")}
+	}
+	steps := []struct {
+		m    raftpb.Message
+		skip bool
+	}{
+		{hb(2), false},     // no append yet
+		{app(2), false},    // appends always go
+		{hb(3), false},     // another follower got no append
+		{hb(2), true},      // 2 got an append since its last heartbeat
+		{hb(2), false},     // nothing since the skipped one
+		{app(2), false},    //
+		{app(3), false},    //
+		{readHB(2), false}, // a read-index round needs its answers
+		{hb(2), false},     // the read heartbeat was the last one
+		{hb(3), true},      //
+		{hb(3), false},     //
+	}
+	for i, s := range steps {
+		m := s.m
+		if got := g.heartbeatNeedless(&m); got != s.skip {
+			t.Fatalf("step %d (%v to %d, context %q): needless %v, want %v", i, m.Type, m.To, m.Context, got, s.skip)
+		}
+	}
+}
+
+// TestBusyGroupSkipsHeartbeats runs a group with appends flowing and then
+// idle: while busy, most heartbeats (and their answers) are left out and
+// the leader keeps its term; when idle, heartbeats go out again and still
+// keep the followers from campaigning.
+func TestBusyGroupSkipsHeartbeats(t *testing.T) {
+	tr := NewMemTransport()
+	nodes, leader, follower := startLedTrio(t, tr, nil)
+	var heartbeats, appends atomic.Int64
+	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
+		if to == follower.id && m.Group == testGroup {
+			switch m.Msg.Type {
+			case raftpb.MsgHeartbeat:
+				if len(m.Msg.Context) == 0 {
+					heartbeats.Add(1)
+				}
+			case raftpb.MsgApp:
+				appends.Add(1)
+			}
+		}
+		return true
+	})
+	term := leader.Status().Term
+	tick := nodes[0].host.cfg.TickInterval
+
+	// Busy: a proposal at a time for 40 ticks.
+	start, ticks := time.Now(), 40
+	for time.Since(start) < time.Duration(ticks)*tick {
+		propose(t, leader, 1)
+	}
+	busyHB, busyApp := heartbeats.Swap(0), appends.Swap(0)
+	t.Logf("busy: %d heartbeats, %d appends in %d ticks", busyHB, busyApp, ticks)
+	if busyApp < int64(ticks) {
+		t.Fatalf("only %d appends in %d ticks of proposals", busyApp, ticks)
+	}
+	// Without the skipping a heartbeat goes every tick.
+	if busyHB > int64(ticks/2) {
+		t.Fatalf("%d heartbeats to a follower in %d ticks while appends flowed (%d)", busyHB, ticks, busyApp)
+	}
+	if skipped := promtest.ToFloat64(leader.host.metrics.heartbeatsSkipped); skipped == 0 {
+		t.Fatal("no heartbeat counted as skipped")
+	}
+
+	// Idle: heartbeats are what keeps the followers' election timers.
+	time.Sleep(time.Duration(3*nodes[0].host.cfg.ElectionTicks) * tick)
+	if hb := heartbeats.Load(); hb < int64(nodes[0].host.cfg.ElectionTicks) {
+		t.Fatalf("only %d heartbeats to an idle group's follower in %d ticks", hb, 3*nodes[0].host.cfg.ElectionTicks)
+	}
+	for _, g := range groupsOf(nodes...) {
+		if st := g.Status(); st.Term != term {
+			t.Fatalf("node's term moved from %d to %d: a follower campaigned", term, st.Term)
+		}
+	}
+	if !leader.Status().IsLeader {
+		t.Fatal("the leader lost its leadership")
 	}
 }

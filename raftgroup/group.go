@@ -128,6 +128,9 @@ type Group struct {
 		confChanges []pendingConf     // protected by inbox
 		unreachable []uint64          // peers raft should back off from; protected by inbox
 	}
+	// appended holds the followers sent an append since the last
+	// heartbeat to them (heartbeatNeedless); worker-owned.
+	appended map[uint64]bool
 	// readIndexes waiting for a ReadState, by request context; worker-owned.
 	readIndexes map[string]*readIndexReq
 	waiters     struct {
@@ -418,6 +421,35 @@ func (g *Group) drainInbox() {
 		g.rn.Tick()
 	}
 	g.propose(props)
+}
+
+// heartbeatNeedless notes the appends a leader sends and reports whether
+// m is a heartbeat its follower can do without: one with no read-index
+// context, to a follower sent an append since the last heartbeat. The
+// append told the follower what the heartbeat would have (the leader is
+// alive: the follower's election timer restarts; the commit index) and
+// its answer tells the leader the follower is active (CheckQuorum), so
+// under load a busy group's heartbeats and their answers - one message
+// batch per peer and tick, each a round on the receiver - are left out.
+// The next heartbeat with no append between goes out (a leader paused on
+// a follower whose appends were lost resumes on its answer one interval
+// later than it would otherwise). Raft tolerates any message loss; this
+// only drops messages that carry nothing new.
+func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
+	switch m.Type {
+	case raftpb.MsgApp:
+		if g.appended == nil {
+			g.appended = make(map[uint64]bool)
+		}
+		g.appended[m.To] = true
+	case raftpb.MsgHeartbeat:
+		if !g.appended[m.To] {
+			return false
+		}
+		g.appended[m.To] = false
+		return len(m.Context) == 0
+	}
+	return false
 }
 
 // propose steps the round's proposals as one MsgProp, so the leader sends

@@ -201,7 +201,9 @@ func (hs hostServer) messages(s grpc.ServerStream) error {
 			return err
 		}
 		hs.h.metrics.batchesReceived.Inc()
-		hs.h.metrics.messagesReceived.Add(float64(len(b.Msgs)))
+		for i := range b.Msgs {
+			hs.h.metrics.received(b.Msgs[i].Msg.Type).Inc()
+		}
 		hs.h.Deliver(b.Msgs)
 	}
 }

@@ -546,15 +546,23 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 	}
 }
 
+// sendMessages hands the round's messages to the transport, one batch per
+// destination, leaving out heartbeats a follower does not need
+// (Group.heartbeatNeedless).
 func (h *Host) sendMessages(items []readyItem) {
 	var byDest map[uint64][]GroupMessage
 	for i := range items {
 		if items[i].g.removed.Load() {
 			continue // removed during the round: it answers nothing more
 		}
+		g := items[i].g
 		for _, m := range items[i].rd.Messages {
 			if m.Type == raftpb.MsgSnap {
-				h.sendSnapshot(items[i].g, m)
+				h.sendSnapshot(g, m)
+				continue
+			}
+			if g.heartbeatNeedless(&m) {
+				h.metrics.heartbeatsSkipped.Inc()
 				continue
 			}
 			if byDest == nil {

@@ -1,6 +1,9 @@
 package raftgroup
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/raft/v3/raftpb"
+)
 
 type metrics struct {
 	proposals         prometheus.Counter
@@ -11,7 +14,9 @@ type metrics struct {
 	snapshotsSent     prometheus.Counter
 	snapshotsReceived prometheus.Counter
 	batchesReceived   prometheus.Counter
-	messagesReceived  prometheus.Counter
+	messagesReceived  *prometheus.CounterVec
+	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
+	heartbeatsSkipped prometheus.Counter
 	leader            *prometheus.GaugeVec
 	term              *prometheus.GaugeVec
 	appliedIndex      *prometheus.GaugeVec
@@ -45,8 +50,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_batches_received_total", Help: "Batches of raft messages received from other nodes (one per sender's send).",
 		}),
-		messagesReceived: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "brain_raft_messages_received_total", Help: "Raft messages received from other nodes.",
+		messagesReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brain_raft_messages_received_total", Help: "Raft messages received from other nodes, by type (MsgApp, MsgHeartbeat, ...).",
+		}, []string{"type"}),
+		heartbeatsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_heartbeats_skipped_total", Help: "Raft heartbeats not sent because the follower got an append since the last one.",
 		}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "brain_raft_is_leader", Help: "1 if this node leads the raft group (and is ready to serve), else 0.",
@@ -58,8 +66,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "brain_raft_applied_index", Help: "The raft group's applied index on this node.",
 		}, []string{"group"}),
 	}
+	m.receivedByType = make(map[raftpb.MessageType]prometheus.Counter, len(peerMessageTypes))
+	for _, t := range peerMessageTypes {
+		m.receivedByType[t] = m.messagesReceived.WithLabelValues(t.String())
+	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, m.leader, m.term, m.appliedIndex)
 	}
 	return m
+}
+
+// peerMessageTypes are the raft messages nodes send each other.
+var peerMessageTypes = []raftpb.MessageType{
+	raftpb.MsgApp, raftpb.MsgAppResp, raftpb.MsgHeartbeat, raftpb.MsgHeartbeatResp,
+	raftpb.MsgVote, raftpb.MsgVoteResp, raftpb.MsgPreVote, raftpb.MsgPreVoteResp,
+	raftpb.MsgTimeoutNow, raftpb.MsgSnap,
+}
+
+// received returns the counter of received messages of type t.
+func (m *metrics) received(t raftpb.MessageType) prometheus.Counter {
+	if c, ok := m.receivedByType[t]; ok {
+		return c
+	}
+	return m.messagesReceived.WithLabelValues(t.String())
 }
