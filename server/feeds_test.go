@@ -140,6 +140,38 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 			}
 		}
 	}
+	// Every node lacks partitions here, so events reached hubs through
+	// other nodes' feeds, and the nodes that served them counted them.
+	sent := 0.0
+	for _, n := range c.Nodes {
+		sent += counterValue(t, n, "brain_feed_messages_sent_total", "events")
+	}
+	if sent == 0 {
+		t.Error("brain_feed_messages_sent_total{kind=\"events\"} is 0 on every node")
+	}
+}
+
+// counterValue reads a node's counter with the given label value (any
+// label name), 0 if it has none yet.
+func counterValue(t *testing.T, s *server.Server, name, label string) float64 {
+	t.Helper()
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // TestWatchWithIdleLeaders: only node 1 watches, so the leaders of the

@@ -72,6 +72,7 @@ type Server struct {
 	refused          prometheus.Counter     // peer calls refused as another cluster's
 	refusedLog       atomic.Int64           // unix nanos of the last refusal logged
 	internalCalls    *prometheus.CounterVec // calls other nodes made here, by op
+	feedSent         *prometheus.CounterVec // feed stream messages sent to other nodes, by kind
 	closeFwd         []*forwardCloser
 	store            *kvapi.Store
 	hub              *etcdcompat.Hub
@@ -131,7 +132,10 @@ func New(cfg Config) (*Server, error) {
 	s.leaderWriteRate = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "brain_leader_write_rate", Help: "Writes per second the partitions this node leads took over the last split window (its leader load, gossiped to the leader balancer).",
 	})
-	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.balanceTransfers, s.leaderWriteRate)
+	s.feedSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_feed_messages_sent_total", Help: "Messages of partition feeds this node streamed to other nodes' watch hubs, by kind (events: with events; closed: a closed revision only).",
+	}, []string{"kind"})
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
@@ -657,7 +661,7 @@ func (s *Server) servePeers() error {
 	}
 	s.peerGRPC = grpc.NewServer(opts...)
 	raftgroup.RegisterService(s.peerGRPC, s.host)
-	kvapi.RegisterInternalService(s.peerGRPC, countingHandler{s.store, s.internalCalls})
+	kvapi.RegisterInternalService(s.peerGRPC, countingHandler{s.store, s.internalCalls, s.feedSent})
 	for _, u := range s.cfg.ListenPeerURLs {
 		addr, err := listenAddr(u)
 		if err != nil {
@@ -679,15 +683,36 @@ func (s *Server) servePeers() error {
 	return nil
 }
 
-// countingHandler serves the internal API, counting calls by operation.
+// countingHandler serves the internal API, counting calls by operation
+// and feed messages by kind.
 type countingHandler struct {
 	*kvapi.Store
 	calls *prometheus.CounterVec
+	feeds *prometheus.CounterVec
 }
 
 func (h countingHandler) HandleCall(ctx context.Context, req *kvapi.CallRequest) ([]byte, error) {
 	h.calls.WithLabelValues(req.Op.String()).Inc()
 	return h.Store.HandleCall(ctx, req)
+}
+
+func (h countingHandler) ServeFeed(stream grpc.ServerStream) error {
+	return h.Store.ServeFeed(countingFeed{stream, h.feeds.WithLabelValues("events"), h.feeds.WithLabelValues("closed")})
+}
+
+// countingFeed counts the messages a Feed stream sends.
+type countingFeed struct {
+	grpc.ServerStream
+	events, closed prometheus.Counter
+}
+
+func (s countingFeed) SendMsg(m any) error {
+	if fm, ok := m.(*kvapi.FeedMessage); ok && len(fm.Events) == 0 {
+		s.closed.Inc()
+	} else {
+		s.events.Inc()
+	}
+	return s.ServerStream.SendMsg(m)
 }
 
 // refusedPeerCall counts a peer call from another cluster and logs it, at
