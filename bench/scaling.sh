@@ -146,6 +146,36 @@ per_create() {
 		printf "%.0f us of node CPU, %.1f read and %.1f write system calls", cpu / 1000 / ops, (y[1] - x[1]) / ops, (y[2] - x[2]) / ops }'
 }
 
+# brain_work FILE: the brain cluster's counters of internal work (from
+# every node's /metrics on EPS, which are kept in FILE), summed: raft
+# message batches and messages received, raft rounds, log syncs, writes
+# forwarded to a leader, TSO requests from other nodes, feed messages
+# streamed to other nodes.
+brain_work() {
+	local ep
+	for ep in ${EPS//,/ }; do
+		echo "# node $ep"
+		curl -s --max-time 5 "http://$ep/metrics" || true
+	done >"$1"
+	awk '
+		/^brain_raft_batches_received_total / { v[1] += $NF }
+		/^brain_raft_messages_received_total[{ ]/ { v[2] += $NF }
+		/^brain_raft_round_groups_count / { v[3] += $NF }
+		/^brain_raft_log_sync_seconds_count / { v[4] += $NF }
+		/^brain_internal_calls_total\{op="(txn|put|delete_range)"\}/ { v[5] += $NF }
+		/^brain_internal_calls_total\{op="tso_next"\}/ { v[6] += $NF }
+		/^brain_feed_messages_sent_total[{ ]/ { v[7] += $NF }
+		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7] }' "$1"
+}
+
+# work_per_create BEFORE AFTER OPS: brain_work's counts per operation.
+work_per_create() {
+	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
+		split(a, x, " "); split(b, y, " ")
+		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages", d[1], d[2], d[3], d[4], d[5], d[6], d[7] }'
+}
+
 # split points: the prefix of every resource, sorted.
 SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -sd, -)
 
@@ -215,7 +245,8 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
-	local b0 b1 c0 c1 t0 t1 io0 io1
+	local b0 b1 c0 c1 t0 t1 io0 io1 w0="" w1
+	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload.metrics-before")
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
@@ -253,6 +284,10 @@ measure() {
 	t1=$(date +%s.%N)
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
+	if [[ -n $w0 ]]; then
+		w1=$(brain_work "$OUT/$kind-$n-$workload.metrics-after")
+		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$TOTAL")"
+	fi
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
 	local busy
 	busy=$(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')
