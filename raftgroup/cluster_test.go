@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -720,5 +721,42 @@ func TestBusyGroupSkipsHeartbeats(t *testing.T) {
 	}
 	if !leader.Status().IsLeader {
 		t.Fatal("the leader lost its leadership")
+	}
+}
+
+// TestConcurrentProposalsShareRounds: proposers that are ready to run
+// together on a saturated node (one processor here) get their proposals
+// into a few rounds, not a round - an append to each follower - each.
+func TestConcurrentProposalsShareRounds(t *testing.T) {
+	tr := NewMemTransport()
+	_, leader, follower := startLedTrio(t, tr, nil)
+	propose(t, leader, 1)
+	var appends atomic.Int64
+	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
+		if to == follower.id && m.Group == testGroup && m.Msg.Type == raftpb.MsgApp && len(m.Msg.Entries) > 0 {
+			appends.Add(1)
+		}
+		return true
+	})
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 64
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			<-start
+			_, err := leader.Propose(context.Background(), cmd(1))
+			errs <- err
+		}()
+	}
+	close(start)
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d appends", appends.Load())
+	if a := appends.Load(); a > n/8 {
+		t.Fatalf("%d proposers ready together took %d appends with entries to one follower", n, a)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -391,6 +392,14 @@ func (h *Host) Deliver(msgs []GroupMessage) {
 func (h *Host) runWorker() {
 	buf := make([]*Group, 0, h.cfg.MaxGroupsPerRound)
 	for {
+		// Let the goroutines that are ready to run go first: a worker woken
+		// by a proposer (or a receiver) runs right after it on the same
+		// processor, before the other proposers already running could
+		// queue their work, so a busy node would make a round - a log
+		// commit and a message per follower - per proposal. Once they ran
+		// (or blocked) the round takes all their work. On an idle node this
+		// returns at once.
+		runtime.Gosched()
 		gs := h.sched.take(h.cfg.MaxGroupsPerRound, buf)
 		if gs == nil {
 			return
