@@ -58,8 +58,9 @@ HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-inte
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
+NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -183,26 +184,51 @@ SPLITS=$(tr ',' '\n' <<<"$RESOURCES" | sort | sed 's|.*|/registry/&/|' | paste -
 # client endpoints, comma separated).
 start_cluster() {
 	local kind=$1 n=$2 extra=${3:-} i initial="" eps=() name
+	# node_addr I: node I's "client-address peer-address" (NETWORK=host:
+	# loopback ports, PORT_OFFSET apart for clusters side by side).
+	node_addr() {
+		if [[ $NETWORK == host ]]; then
+			local port=$((40000 + ${PORT_OFFSET:-0} + 10 * $1))
+			echo "127.0.0.1:$port 127.0.0.1:$((port + 1))"
+		else
+			echo "$PREFIX-$kind$1:2379 $PREFIX-$kind$1:2380"
+		fi
+	}
 	for ((i = 1; i <= n; i++)); do
-		initial+="${initial:+,}n$i=http://$PREFIX-$kind$i:2380"
+		read -r _ peer < <(node_addr "$i")
+		initial+="${initial:+,}n$i=http://$peer"
 	done
+	local netargs=(--network "$NET")
+	[[ $NETWORK == host ]] && netargs=(--network host)
 	for ((i = 1; i <= n; i++)); do
 		name=$PREFIX-$kind$i
-		local args=(--name "n$i" --data-dir /data --listen-client-urls http://0.0.0.0:2379
-			--advertise-client-urls "http://$name:2379" --listen-peer-urls http://0.0.0.0:2380
-			--initial-advertise-peer-urls "http://$name:2380" --initial-cluster "$initial")
+		local client peer listenc=0.0.0.0:2379 listenp=0.0.0.0:2380 nodeargs=("${netargs[@]}")
+		read -r client peer < <(node_addr "$i")
+		if [[ $NETWORK == host ]]; then
+			listenc=$client listenp=$peer
+		else
+			nodeargs+=(--hostname "$name")
+		fi
+		local args=(--name "n$i" --data-dir /data --listen-client-urls "http://$listenc"
+			--advertise-client-urls "http://$client" --listen-peer-urls "http://$listenp"
+			--initial-advertise-peer-urls "http://$peer" --initial-cluster "$initial")
 		if [[ $kind == brain ]]; then
 			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
 			if ((PROFILE > 0)); then args+=(--enable-pprof); fi
 		fi
-		docker run -d --name "$name" --hostname "$name" --network "$NET" \
+		docker run -d --name "$name" "${nodeargs[@]}" \
 			--cpu-period "$CPU_PERIOD" --cpu-quota "$QUOTA" --memory "$MEMORY" --tmpfs /tmp \
 			--mount type=tmpfs,destination=/data,tmpfs-size=4g \
 			"brainscale-$kind:dev" "${args[@]}" >/dev/null
 	done
 	for ((i = 1; i <= n; i++)); do
-		eps+=("$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$PREFIX-$kind$i"):2379")
+		if [[ $NETWORK == host ]]; then
+			read -r client _ < <(node_addr "$i")
+			eps+=("$client")
+		else
+			eps+=("$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$PREFIX-$kind$i"):2379")
+		fi
 	done
 	EPS=$(IFS=,; echo "${eps[*]}")
 	for ((i = 1; i <= n; i++)); do
@@ -309,7 +335,9 @@ measure() {
 measure_pair() {
 	local kind=$1 n=$2 label="$1 (2 x $2 side by side)" base=$PREFIX side eps=()
 	for side in a b; do
-		if ! PREFIX=$base-$side start_cluster "$kind" "$n"; then
+		local offset=0
+		[[ $side == b ]] && offset=500
+		if ! PORT_OFFSET=$offset PREFIX=$base-$side start_cluster "$kind" "$n"; then
 			FAILED=1
 			return 0
 		fi
