@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/brainkv/brain/internal/peerconn"
@@ -19,9 +20,12 @@ import (
 	"google.golang.org/grpc"
 )
 
-// The internal API between nodes is one unary gRPC method, Call: an
-// operation on a raft group (a partition, the TSO or the meta group)
-// executed by the node that can serve it - usually the group's leader. A
+// The internal API between nodes is one operation, Call: an operation on
+// a raft group (a partition, the TSO or the meta group) executed by the
+// node that can serve it - usually the group's leader. Calls travel on one
+// Calls stream per pair of nodes (callmux.go); the unary gRPC method Call
+// serves a joining node, which knows no cluster ID yet, and nodes of an
+// older version, which serve no Calls stream. A
 // node that cannot answers NotLeader with the leader it knows, and the
 // caller retries there. Arguments and results are etcd protobuf messages
 // or small binary records; errors travel as codes that map back to the
@@ -248,20 +252,18 @@ var internalServiceDesc = grpc.ServiceDesc{
 			}
 			h := srv.(Handler)
 			res, err := h.HandleCall(ctx, &req)
-			resp := &CallResponse{Result: res}
-			if err != nil {
-				resp.Code, resp.Msg = toCode(err)
-				if resp.Code == codeNotLeader {
-					resp.Leader = h.LeaderOf(req.Group)
-				}
-			}
-			return resp, nil
+			return answer(h, &req, res, err), nil
 		},
 	}},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    "Feed",
 		ServerStreams: true,
 		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(Handler).ServeFeed(stream) },
+	}, {
+		StreamName:    "Calls",
+		ServerStreams: true,
+		ClientStreams: true,
+		Handler:       func(srv any, stream grpc.ServerStream) error { return serveCalls(srv.(Handler), stream) },
 	}},
 	Metadata: "brain/internal",
 }
@@ -275,12 +277,17 @@ func RegisterInternalService(s *grpc.Server, h Handler) {
 // connections.
 type Client struct {
 	conns *peerconn.Pool
+	unary bool // every call unary (tests, benchmarks)
+
+	mu    sync.Mutex
+	muxes map[uint64]*callMux         // Calls stream per node; protected by mu
+	old   map[uint64]*grpc.ClientConn // a node's connection whose node serves no Calls; protected by mu
 }
 
 // NewClient returns a client that reaches nodes through conns (which its
 // owner closes).
 func NewClient(conns *peerconn.Pool) *Client {
-	return &Client{conns: conns}
+	return &Client{conns: conns, muxes: make(map[uint64]*callMux), old: make(map[uint64]*grpc.ClientConn)}
 }
 
 func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
@@ -291,17 +298,48 @@ func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// Call executes req on node.
+// Call executes req on node, on the Calls stream to it (unary if the node
+// does not serve one).
 func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byte, error) {
 	conn, err := c.conn(node)
 	if err != nil {
 		return nil, err
+	}
+	if m, err := c.mux(node, conn); err != nil {
+		return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
+	} else if m != nil {
+		res, err := m.call(ctx, req)
+		if !errors.Is(err, errCallsUnsupported) {
+			return res, err
+		}
+		c.mu.Lock()
+		c.old[node] = conn
+		c.mu.Unlock()
 	}
 	var resp CallResponse
 	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
 		return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
 	}
 	return resp.Result, fromCode(&resp)
+}
+
+// mux returns the Calls stream to node over conn, opening one if there is
+// none or it broke; nil if calls to node go unary.
+func (c *Client) mux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unary || c.old[node] == conn {
+		return nil, nil
+	}
+	if m := c.muxes[node]; m != nil && m.conn == conn && !m.broken() {
+		return m, nil
+	}
+	m, err := openCallMux(node, conn)
+	if err != nil {
+		return nil, err
+	}
+	c.muxes[node] = m
+	return m, nil
 }
 
 // neverSent reports whether a failed call's error shows it never reached

@@ -1,0 +1,403 @@
+package kvapi
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Internal calls travel on one long-lived bidirectional stream per pair of
+// nodes (Calls) instead of one gRPC unary call each. A unary call costs
+// its own HTTP/2 stream on both sides: header frames encoded and decoded,
+// a server goroutine and stream state, and at least one write system call
+// for the request and one for the answer. On the Calls stream a frame
+// carries every call (or answer) queued since the sender last wrote, so a
+// busy node forwarding hundreds of writes a second to a leader pays for a
+// few frames instead of hundreds of streams.
+//
+// Semantics are the unary call's: the caller's deadline travels with the
+// call and bounds the handler's context there; a caller that gives up
+// sends a cancel, which cancels that context; a broken stream fails every
+// call under way as unavailable (one not yet handed to the stream as never
+// sent, so a write may be retried elsewhere). A node whose peer does not
+// serve Calls (an older version) goes back to unary calls.
+
+var callsStreamDesc = grpc.StreamDesc{StreamName: "Calls", ServerStreams: true, ClientStreams: true}
+
+const callsMethod = "/" + internalServiceName + "/Calls"
+
+// Entry kinds of a call frame.
+const (
+	callEntryRequest  = 1 // id, timeout (µs, 0: none), CallRequest
+	callEntryResponse = 2 // id, CallResponse
+	callEntryCancel   = 3 // id
+)
+
+// maxCallFrame bounds the calls (or answers) a sender packs into one
+// frame; a single larger entry travels alone.
+const maxCallFrame = 1 << 20
+
+// callFrame is one message of the Calls stream: a sequence of entries.
+type callFrame struct {
+	entries []callEntry
+}
+
+type callEntry struct {
+	kind    byte
+	id      uint64
+	timeout time.Duration // requests
+	body    []byte        // an encoded CallRequest or CallResponse
+}
+
+// BrainMessage marks an internal message (rpccodec).
+func (*callFrame) BrainMessage() {}
+
+// Marshal encodes the frame.
+func (f *callFrame) Marshal() ([]byte, error) {
+	n := 0
+	for _, e := range f.entries {
+		n += 1 + 3*binary.MaxVarintLen64 + len(e.body)
+	}
+	b := make([]byte, 0, n)
+	for _, e := range f.entries {
+		b = append(b, e.kind)
+		b = binary.AppendUvarint(b, e.id)
+		switch e.kind {
+		case callEntryRequest:
+			// Rounded up: a deadline under a microsecond away is not none.
+			b = binary.AppendUvarint(b, uint64((e.timeout+time.Microsecond-1)/time.Microsecond))
+			fallthrough
+		case callEntryResponse:
+			b = binary.AppendUvarint(b, uint64(len(e.body)))
+			b = append(b, e.body...)
+		}
+	}
+	return b, nil
+}
+
+// Unmarshal decodes a frame; its entries' bodies share b.
+func (f *callFrame) Unmarshal(b []byte) error {
+	d := reader{b: b}
+	f.entries = f.entries[:0]
+	for len(d.b) > 0 && d.err == nil {
+		e := callEntry{kind: d.byte(), id: d.uvarint()}
+		switch e.kind {
+		case callEntryRequest:
+			e.timeout = time.Duration(d.uvarint()) * time.Microsecond
+			fallthrough
+		case callEntryResponse:
+			e.body = d.chunk()
+		case callEntryCancel:
+		default:
+			return errCorruptCall
+		}
+		f.entries = append(f.entries, e)
+	}
+	return d.err
+}
+
+// take removes from q the entries of the next frame: all of them, or as
+// many as fit in maxCallFrame (at least one).
+func take(q *[]callEntry) []callEntry {
+	size, n := 0, 0
+	for n < len(*q) {
+		size += len((*q)[n].body) + 16
+		if n > 0 && size > maxCallFrame {
+			break
+		}
+		n++
+	}
+	out := append([]callEntry(nil), (*q)[:n]...)
+	*q = append((*q)[:0], (*q)[n:]...)
+	return out
+}
+
+// callMux is a caller's Calls stream to one node.
+type callMux struct {
+	node   uint64
+	conn   *grpc.ClientConn
+	stream grpc.ClientStream
+	cancel context.CancelFunc
+	wake   chan struct{}
+
+	mu      sync.Mutex
+	nextID  uint64                  // protected by mu
+	pending map[uint64]*pendingCall // protected by mu
+	out     []callEntry             // queued for the sender; protected by mu
+	err     error                   // why the stream broke; protected by mu
+}
+
+type pendingCall struct {
+	done chan struct{}
+	sent bool // handed to the stream
+	resp CallResponse
+	err  error
+}
+
+// errCallsUnsupported: the node does not serve the Calls stream.
+var errCallsUnsupported = errors.New("kvapi: node does not serve the Calls stream")
+
+// openCallMux opens a Calls stream on conn.
+func openCallMux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := conn.NewStream(ctx, &callsStreamDesc, callsMethod)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	m := &callMux{node: node, conn: conn, stream: st, cancel: cancel,
+		wake: make(chan struct{}, 1), pending: make(map[uint64]*pendingCall)}
+	go m.send(ctx)
+	go m.receive()
+	return m, nil
+}
+
+// broken reports whether the stream failed.
+func (m *callMux) broken() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err != nil
+}
+
+// call executes req on the node.
+func (m *callMux) call(ctx context.Context, req *CallRequest) ([]byte, error) {
+	body, _ := req.Marshal()
+	var timeout time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return nil, &unavailableError{node: m.node, err: status.FromContextError(context.DeadlineExceeded).Err()}
+		}
+	}
+	p := &pendingCall{done: make(chan struct{})}
+	m.mu.Lock()
+	if m.err != nil {
+		err := m.err
+		m.mu.Unlock()
+		return nil, &unavailableError{node: m.node, err: err, notSent: true}
+	}
+	m.nextID++
+	id := m.nextID
+	m.pending[id] = p
+	m.out = append(m.out, callEntry{kind: callEntryRequest, id: id, timeout: timeout, body: body})
+	m.mu.Unlock()
+	m.signal()
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return nil, p.err
+		}
+		return p.resp.Result, fromCode(&p.resp)
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	if _, ok := m.pending[id]; ok {
+		delete(m.pending, id)
+		if p.sent {
+			m.out = append(m.out, callEntry{kind: callEntryCancel, id: id})
+		} else {
+			for i, e := range m.out {
+				if e.id == id && e.kind == callEntryRequest {
+					m.out = append(m.out[:i], m.out[i+1:]...)
+					break
+				}
+			}
+		}
+	}
+	m.mu.Unlock()
+	m.signal()
+	select {
+	case <-p.done: // answered (or failed) meanwhile
+		if p.err != nil {
+			return nil, p.err
+		}
+		return p.resp.Result, fromCode(&p.resp)
+	default:
+	}
+	return nil, &unavailableError{node: m.node, err: status.FromContextError(ctx.Err()).Err()}
+}
+
+func (m *callMux) signal() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// send writes what is queued, one frame at a time, until the stream ends.
+func (m *callMux) send(ctx context.Context) {
+	for {
+		select {
+		case <-m.wake:
+		case <-ctx.Done():
+			return
+		}
+		for {
+			m.mu.Lock()
+			if len(m.out) == 0 || m.err != nil {
+				m.mu.Unlock()
+				break
+			}
+			f := callFrame{entries: take(&m.out)}
+			for _, e := range f.entries {
+				if p := m.pending[e.id]; p != nil && e.kind == callEntryRequest {
+					p.sent = true
+				}
+			}
+			m.mu.Unlock()
+			if err := m.stream.SendMsg(&f); err != nil {
+				if err != io.EOF { // io.EOF: the stream ended; receive learns why
+					m.fail(err)
+				}
+				return
+			}
+		}
+	}
+}
+
+// receive delivers answers until the stream ends.
+func (m *callMux) receive() {
+	var f callFrame
+	for {
+		if err := m.stream.RecvMsg(&f); err != nil {
+			m.fail(err)
+			return
+		}
+		m.mu.Lock()
+		for _, e := range f.entries {
+			p := m.pending[e.id]
+			if p == nil || e.kind != callEntryResponse {
+				continue // given up by its caller
+			}
+			delete(m.pending, e.id)
+			if err := p.resp.Unmarshal(e.body); err != nil {
+				p.err = &unavailableError{node: m.node, err: err}
+			}
+			close(p.done)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// fail ends the stream: every call under way fails as unavailable.
+func (m *callMux) fail(err error) {
+	if status.Code(err) == codes.Unimplemented {
+		err = errCallsUnsupported
+	}
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+	}
+	for id, p := range m.pending {
+		delete(m.pending, id)
+		p.err = &unavailableError{node: m.node, err: err, notSent: !p.sent || err == errCallsUnsupported}
+		close(p.done)
+	}
+	m.out = nil
+	m.mu.Unlock()
+	m.cancel()
+}
+
+// serveCalls serves a Calls stream: every call runs in its own goroutine
+// and its answer joins the next frame back.
+func serveCalls(h Handler, stream grpc.ServerStream) error {
+	ctx, cancelAll := context.WithCancel(stream.Context())
+	defer cancelAll()
+	var (
+		mu      sync.Mutex
+		cancels = make(map[uint64]context.CancelFunc) // protected by mu
+		out     []callEntry                           // protected by mu
+		wake    = make(chan struct{}, 1)
+		sendErr = make(chan error, 1)
+	)
+	go func() {
+		for {
+			select {
+			case <-wake:
+			case <-ctx.Done():
+				return
+			}
+			for {
+				mu.Lock()
+				if len(out) == 0 {
+					mu.Unlock()
+					break
+				}
+				f := callFrame{entries: take(&out)}
+				mu.Unlock()
+				if err := stream.SendMsg(&f); err != nil {
+					sendErr <- err
+					cancelAll()
+					return
+				}
+			}
+		}
+	}()
+	var f callFrame
+	for {
+		if err := stream.RecvMsg(&f); err != nil {
+			select {
+			case err := <-sendErr:
+				return err
+			default:
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, e := range f.entries {
+			switch e.kind {
+			case callEntryCancel:
+				mu.Lock()
+				if c := cancels[e.id]; c != nil {
+					c()
+				}
+				mu.Unlock()
+			case callEntryRequest:
+				var req CallRequest
+				if err := req.Unmarshal(e.body); err != nil {
+					return status.Error(codes.InvalidArgument, err.Error())
+				}
+				cctx, cancel := context.WithCancel(ctx)
+				if e.timeout > 0 {
+					cctx, cancel = context.WithTimeout(ctx, e.timeout)
+				}
+				mu.Lock()
+				cancels[e.id] = cancel
+				mu.Unlock()
+				go func(id uint64) {
+					res, err := h.HandleCall(cctx, &req)
+					body, _ := answer(h, &req, res, err).Marshal()
+					mu.Lock()
+					delete(cancels, id)
+					out = append(out, callEntry{kind: callEntryResponse, id: id, body: body})
+					mu.Unlock()
+					cancel()
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				}(e.id)
+			}
+		}
+	}
+}
+
+// answer is the response to req: its result, or its error's code.
+func answer(h Handler, req *CallRequest, res []byte, err error) *CallResponse {
+	resp := &CallResponse{Result: res}
+	if err != nil {
+		resp.Code, resp.Msg = toCode(err)
+		if resp.Code == codeNotLeader {
+			resp.Leader = h.LeaderOf(req.Group)
+		}
+	}
+	return resp
+}
