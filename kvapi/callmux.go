@@ -29,6 +29,18 @@ import (
 // sent, so a write may be retried elsewhere). A node whose peer does not
 // serve Calls (an older version) goes back to unary calls.
 
+// streamed reports whether op travels on the Calls stream. Reads, whose
+// answers can be large (a scan of a whole partition, a range of events),
+// stay unary calls: gRPC interleaves streams, while on the Calls stream a
+// large answer would hold up every answer queued behind it.
+func streamed(op Op) bool {
+	switch op {
+	case OpReadTxn, OpScan, OpEvents, OpLeaseKeys:
+		return false
+	}
+	return true
+}
+
 var callsStreamDesc = grpc.StreamDesc{StreamName: "Calls", ServerStreams: true, ClientStreams: true}
 
 const callsMethod = "/" + internalServiceName + "/Calls"

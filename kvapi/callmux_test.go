@@ -17,12 +17,12 @@ import (
 )
 
 // echoHandler answers OpGroupInfo with its arguments, OpTxn with
-// partition.ErrNotLeader (leader 9), OpScan after its context ends (with
+// partition.ErrNotLeader (leader 9), OpRequestClose after its context ends (with
 // the context's error), and counts frames the Calls streams carry.
 type echoHandler struct {
 	calls     atomic.Int64
-	ended     chan error     // OpScan contexts' errors
-	deadlines chan time.Time // OpScan contexts' deadlines (zero: none)
+	ended     chan error     // OpRequestClose contexts' errors
+	deadlines chan time.Time // OpRequestClose contexts' deadlines (zero: none)
 	frames    atomic.Int64
 }
 
@@ -31,7 +31,7 @@ func (h *echoHandler) HandleCall(ctx context.Context, req *CallRequest) ([]byte,
 	switch req.Op {
 	case OpTxn:
 		return nil, partition.ErrNotLeader
-	case OpScan:
+	case OpRequestClose:
 		if h.deadlines != nil {
 			dl, _ := ctx.Deadline()
 			h.deadlines <- dl
@@ -141,7 +141,7 @@ func TestCallDeadlineAndCancelReachHandler(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	callerDeadline, _ := ctx.Deadline()
-	_, err := c.Call(ctx, 1, &CallRequest{Op: OpScan, Group: 5})
+	_, err := c.Call(ctx, 1, &CallRequest{Op: OpRequestClose, Group: 5})
 	var un *unavailableError
 	if (!errors.As(err, &un) || un.notSent) && !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("call past its deadline: %v, want unavailable (sent) or the node's deadline exceeded", err)
@@ -165,7 +165,7 @@ func TestCallDeadlineAndCancelReachHandler(t *testing.T) {
 		}
 		cancel()
 	}()
-	if _, err := c.Call(ctx, 1, &CallRequest{Op: OpScan, Group: 5}); !errors.As(err, &un) {
+	if _, err := c.Call(ctx, 1, &CallRequest{Op: OpRequestClose, Group: 5}); !errors.As(err, &un) {
 		t.Fatalf("cancelled call: %v, want unavailable", err)
 	}
 	if dl := <-h.deadlines; !dl.IsZero() {
@@ -182,6 +182,30 @@ func TestCallDeadlineAndCancelReachHandler(t *testing.T) {
 	// The stream still serves.
 	if res, err := c.Call(context.Background(), 1, &CallRequest{Op: OpGroupInfo, Args: []byte("x")}); err != nil || string(res) != "echo:x" {
 		t.Fatalf("call after a cancel: %q, %v", res, err)
+	}
+}
+
+// TestReadsStayUnary checks reads, whose answers can be large, do not
+// travel on the Calls stream, and writes do; and that unary calls pass
+// the server's interceptors (the cluster check).
+func TestReadsStayUnary(t *testing.T) {
+	h := &echoHandler{}
+	var unary atomic.Int64
+	c, _ := serveInternal(t, h, &internalServiceDesc, h.frameCounter(),
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			unary.Add(1)
+			return handler(ctx, req)
+		}))
+	for _, op := range []Op{OpScan, OpEvents, OpReadTxn, OpLeaseKeys} {
+		if _, err := c.Call(context.Background(), 1, &CallRequest{Op: op}); err != nil {
+			t.Fatalf("%v: %v", op, err)
+		}
+	}
+	if _, err := c.Call(context.Background(), 1, &CallRequest{Op: OpPut}); err != nil {
+		t.Fatal(err)
+	}
+	if u, f := unary.Load(), h.frames.Load(); u != 4 || f != 1 {
+		t.Fatalf("%d unary calls and %d frames, want 4 reads unary and the put in 1 frame", u, f)
 	}
 }
 
@@ -218,7 +242,7 @@ func TestCallsStreamBreakFailsCalls(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := c.Call(ctx, 1, &CallRequest{Op: OpScan, Group: 5})
+	_, err := c.Call(ctx, 1, &CallRequest{Op: OpRequestClose, Group: 5})
 	var un *unavailableError
 	if !errors.As(err, &un) || un.notSent || ctx.Err() != nil {
 		t.Fatalf("call when the node stopped: %v, want unavailable (sent) before the deadline", err)

@@ -245,14 +245,22 @@ var internalServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*Handler)(nil),
 	Methods: []grpc.MethodDesc{{
 		MethodName: "Call",
-		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 			var req CallRequest
 			if err := dec(&req); err != nil {
 				return nil, err
 			}
 			h := srv.(Handler)
-			res, err := h.HandleCall(ctx, &req)
-			return answer(h, &req, res, err), nil
+			call := func(ctx context.Context, r any) (any, error) {
+				req := r.(*CallRequest)
+				res, err := h.HandleCall(ctx, req)
+				return answer(h, req, res, err), nil
+			}
+			if interceptor == nil {
+				return call(ctx, &req)
+			}
+			// The server's interceptors (the cluster check) apply.
+			return interceptor(ctx, &req, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + internalServiceName + "/Call"}, call)
 		},
 	}},
 	Streams: []grpc.StreamDesc{{
@@ -298,23 +306,27 @@ func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
-// Call executes req on node, on the Calls stream to it (unary if the node
-// does not serve one).
+// Call executes req on node, on the Calls stream to it (unary for reads,
+// see streamed, and if the node does not serve the stream).
 func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byte, error) {
 	conn, err := c.conn(node)
 	if err != nil {
 		return nil, err
 	}
-	if m, err := c.mux(node, conn); err != nil {
-		return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
-	} else if m != nil {
-		res, err := m.call(ctx, req)
-		if !errors.Is(err, errCallsUnsupported) {
-			return res, err
+	if streamed(req.Op) {
+		m, err := c.mux(node, conn)
+		if err != nil {
+			return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
 		}
-		c.mu.Lock()
-		c.old[node] = conn
-		c.mu.Unlock()
+		if m != nil {
+			res, err := m.call(ctx, req)
+			if !errors.Is(err, errCallsUnsupported) {
+				return res, err
+			}
+			c.mu.Lock()
+			c.old[node] = conn
+			c.mu.Unlock()
+		}
 	}
 	var resp CallResponse
 	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
