@@ -71,30 +71,53 @@ type callEntry struct {
 // BrainMessage marks an internal message (rpccodec).
 func (*callFrame) BrainMessage() {}
 
-// Marshal encodes the frame.
+// Marshal encodes the frame as one slice.
 func (f *callFrame) Marshal() ([]byte, error) {
-	n := 0
-	for _, e := range f.entries {
-		n += 1 + 3*binary.MaxVarintLen64 + len(e.body)
-	}
-	b := make([]byte, 0, n)
-	for _, e := range f.entries {
-		b = append(b, e.kind)
-		b = binary.AppendUvarint(b, e.id)
-		switch e.kind {
-		case callEntryRequest:
-			// Rounded up: a deadline under a microsecond away is not none.
-			b = binary.AppendUvarint(b, uint64((e.timeout+time.Microsecond-1)/time.Microsecond))
-			fallthrough
-		case callEntryResponse:
-			b = binary.AppendUvarint(b, uint64(len(e.body)))
-			b = append(b, e.body...)
-		}
+	var b []byte
+	for _, p := range f.MarshalScattered() {
+		b = append(b, p...)
 	}
 	return b, nil
 }
 
-// Unmarshal decodes a frame; its entries' bodies share b.
+// MarshalScattered encodes the frame as slices: the entries' headers and
+// their bodies, which are not copied (rpccodec.Scattered).
+func (f *callFrame) MarshalScattered() [][]byte {
+	hdr := make([]byte, 0, len(f.entries)*(1+3*binary.MaxVarintLen64))
+	ends := make([]int, len(f.entries)) // where each entry's header ends in hdr
+	for i, e := range f.entries {
+		hdr = appendEntryHeader(hdr, e)
+		ends[i] = len(hdr)
+	}
+	parts := make([][]byte, 0, 2*len(f.entries))
+	start := 0
+	for i, e := range f.entries {
+		parts = append(parts, hdr[start:ends[i]:ends[i]])
+		if len(e.body) > 0 {
+			parts = append(parts, e.body)
+		}
+		start = ends[i]
+	}
+	return parts
+}
+
+// appendEntryHeader appends e's kind, id, timeout and body length.
+func appendEntryHeader(b []byte, e callEntry) []byte {
+	b = append(b, e.kind)
+	b = binary.AppendUvarint(b, e.id)
+	switch e.kind {
+	case callEntryRequest:
+		// Rounded up: a deadline under a microsecond away is not none.
+		b = binary.AppendUvarint(b, uint64((e.timeout+time.Microsecond-1)/time.Microsecond))
+		fallthrough
+	case callEntryResponse:
+		b = binary.AppendUvarint(b, uint64(len(e.body)))
+	}
+	return b
+}
+
+// Unmarshal decodes a frame; its entries' bodies share b (a received
+// message's buffer is the receiver's own).
 func (f *callFrame) Unmarshal(b []byte) error {
 	d := reader{b: b}
 	f.entries = f.entries[:0]
@@ -288,7 +311,7 @@ func (m *callMux) receive() {
 				continue // given up by its caller
 			}
 			delete(m.pending, e.id)
-			if err := p.resp.Unmarshal(e.body); err != nil {
+			if err := p.resp.unmarshalShared(e.body); err != nil {
 				p.err = &unavailableError{node: m.node, err: err}
 			}
 			close(p.done)
@@ -374,7 +397,7 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 				mu.Unlock()
 			case callEntryRequest:
 				var req CallRequest
-				if err := req.Unmarshal(e.body); err != nil {
+				if err := req.unmarshalShared(e.body); err != nil {
 					return status.Error(codes.InvalidArgument, err.Error())
 				}
 				cctx, cancel := context.WithCancel(ctx)

@@ -104,6 +104,15 @@ func (r *CallRequest) Marshal() ([]byte, error) {
 
 // Unmarshal decodes the request.
 func (r *CallRequest) Unmarshal(b []byte) error {
+	if err := r.unmarshalShared(b); err != nil {
+		return err
+	}
+	r.Args = append([]byte(nil), r.Args...)
+	return nil
+}
+
+// unmarshalShared decodes the request; its Args share b.
+func (r *CallRequest) unmarshalShared(b []byte) error {
 	if len(b) < 2 {
 		return errCorruptCall
 	}
@@ -112,7 +121,7 @@ func (r *CallRequest) Unmarshal(b []byte) error {
 	if n <= 0 {
 		return errCorruptCall
 	}
-	r.Group, r.Args = g, append([]byte(nil), b[1+n:]...)
+	r.Group, r.Args = g, b[1+n:]
 	return nil
 }
 
@@ -139,6 +148,15 @@ func (r *CallResponse) Marshal() ([]byte, error) {
 
 // Unmarshal decodes the response.
 func (r *CallResponse) Unmarshal(b []byte) error {
+	if err := r.unmarshalShared(b); err != nil {
+		return err
+	}
+	r.Result = append([]byte(nil), r.Result...)
+	return nil
+}
+
+// unmarshalShared decodes the response; its Result shares b.
+func (r *CallResponse) unmarshalShared(b []byte) error {
 	d := reader{b: b}
 	code := d.byte()
 	r.Leader = d.uvarint()
@@ -146,7 +164,7 @@ func (r *CallResponse) Unmarshal(b []byte) error {
 	if d.err != nil {
 		return d.err
 	}
-	r.Code, r.Result = errCode(code), append([]byte(nil), d.b...)
+	r.Code, r.Result = errCode(code), d.b
 	return nil
 }
 

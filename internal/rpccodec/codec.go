@@ -35,6 +35,13 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
 	case *Raw:
 		return mem.BufferSlice{mem.SliceBuffer(m.B)}, nil
+	case scattered:
+		parts := m.MarshalScattered()
+		bs := make(mem.BufferSlice, len(parts))
+		for i, p := range parts {
+			bs[i] = mem.SliceBuffer(p)
+		}
+		return bs, nil
 	case internal:
 		b, err := m.Marshal()
 		if err != nil {
@@ -61,6 +68,18 @@ func (Codec) Name() string { return Name }
 type internal interface {
 	Binary
 	BrainMessage()
+}
+
+// Scattered is an internal message that marshals itself as several byte
+// slices, which go out as they are (not first copied into one): a batch
+// of encoded calls.
+type Scattered interface {
+	MarshalScattered() [][]byte
+}
+
+type scattered interface {
+	internal
+	Scattered
 }
 
 // PeerDialOptions are the dial options of connections between nodes: the
