@@ -65,6 +65,13 @@ FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RE
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
 
+# The share as a quota per CFS period (docker --cpus is period 100000).
+QUOTA=$(awk -v c="$CPUS" -v p="$CPU_PERIOD" 'BEGIN { printf "%d", c * p }')
+if ((QUOTA < 1000)); then
+	echo "scaling.sh: --cpus $CPUS over a --cpu-period of $CPU_PERIOD µs is a quota of $QUOTA µs; the kernel's least is 1000 (raise --cpu-period)" >&2
+	exit 2
+fi
+
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/brain-scaling.XXXXXX")}
 mkdir -p "$OUT"
@@ -95,9 +102,6 @@ for kind in brain etcd; do
 	docker build -q -t "brainscale-$kind:dev" "$BIN/$kind" >/dev/null
 done
 docker network create "$NET" >/dev/null
-
-# The share as a quota per CFS period (docker --cpus is period 100000).
-QUOTA=$(awk -v c="$CPUS" -v p="$CPU_PERIOD" 'BEGIN { printf "%d", c * p }')
 
 # host_busy: jiffies the whole machine spent busy and in total so far
 # (/proc/stat), to tell whether a measurement saturated the host.
