@@ -400,9 +400,12 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 				if err := req.unmarshalShared(e.body); err != nil {
 					return status.Error(codes.InvalidArgument, err.Error())
 				}
-				cctx, cancel := context.WithCancel(ctx)
+				var cctx context.Context
+				var cancel context.CancelFunc
 				if e.timeout > 0 {
 					cctx, cancel = context.WithTimeout(ctx, e.timeout)
+				} else {
+					cctx, cancel = context.WithCancel(ctx)
 				}
 				mu.Lock()
 				cancels[e.id] = cancel
