@@ -154,18 +154,67 @@ func take(q *[]callEntry) []callEntry {
 	return out
 }
 
+// sendQueue is what one side of a Calls stream has to send, and the loop
+// that sends it: each time it is signalled, everything queued, a frame
+// (take) at a time.
+type sendQueue struct {
+	mu   *sync.Mutex // the owner's lock; guards out
+	out  []callEntry // queued; protected by mu
+	wake chan struct{}
+}
+
+func newSendQueue(mu *sync.Mutex) sendQueue {
+	return sendQueue{mu: mu, wake: make(chan struct{}, 1)}
+}
+
+// signal tells run there is something queued (call it after adding to out
+// and unlocking mu).
+func (q *sendQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run sends frames with send until ctx ends (it returns nil) or a send
+// fails (it returns the error). taken, if not nil, runs with mu held on
+// each frame's entries as they leave the queue.
+func (q *sendQueue) run(ctx context.Context, send func(any) error, taken func([]callEntry)) error {
+	for {
+		select {
+		case <-q.wake:
+		case <-ctx.Done():
+			return nil
+		}
+		for {
+			q.mu.Lock()
+			if len(q.out) == 0 {
+				q.mu.Unlock()
+				break
+			}
+			f := callFrame{entries: take(&q.out)}
+			if taken != nil {
+				taken(f.entries)
+			}
+			q.mu.Unlock()
+			if err := send(&f); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 // callMux is a caller's Calls stream to one node.
 type callMux struct {
 	node   uint64
 	conn   *grpc.ClientConn
 	stream grpc.ClientStream
 	cancel context.CancelFunc
-	wake   chan struct{}
 
 	mu      sync.Mutex
+	q       sendQueue               // guarded by mu
 	nextID  uint64                  // protected by mu
 	pending map[uint64]*pendingCall // protected by mu
-	out     []callEntry             // queued for the sender; protected by mu
 	err     error                   // why the stream broke; protected by mu
 }
 
@@ -187,8 +236,8 @@ func openCallMux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
 		cancel()
 		return nil, err
 	}
-	m := &callMux{node: node, conn: conn, stream: st, cancel: cancel,
-		wake: make(chan struct{}, 1), pending: make(map[uint64]*pendingCall)}
+	m := &callMux{node: node, conn: conn, stream: st, cancel: cancel, pending: make(map[uint64]*pendingCall)}
+	m.q = newSendQueue(&m.mu)
 	go m.send(ctx)
 	go m.receive()
 	return m, nil
@@ -220,9 +269,9 @@ func (m *callMux) call(ctx context.Context, req *CallRequest) ([]byte, error) {
 	m.nextID++
 	id := m.nextID
 	m.pending[id] = p
-	m.out = append(m.out, callEntry{kind: callEntryRequest, id: id, timeout: timeout, body: body})
+	m.q.out = append(m.q.out, callEntry{kind: callEntryRequest, id: id, timeout: timeout, body: body})
 	m.mu.Unlock()
-	m.signal()
+	m.q.signal()
 	select {
 	case <-p.done:
 		if p.err != nil {
@@ -235,18 +284,18 @@ func (m *callMux) call(ctx context.Context, req *CallRequest) ([]byte, error) {
 	if _, ok := m.pending[id]; ok {
 		delete(m.pending, id)
 		if p.sent {
-			m.out = append(m.out, callEntry{kind: callEntryCancel, id: id})
+			m.q.out = append(m.q.out, callEntry{kind: callEntryCancel, id: id})
 		} else {
-			for i, e := range m.out {
+			for i, e := range m.q.out {
 				if e.id == id && e.kind == callEntryRequest {
-					m.out = append(m.out[:i], m.out[i+1:]...)
+					m.q.out = append(m.q.out[:i], m.q.out[i+1:]...)
 					break
 				}
 			}
 		}
 	}
 	m.mu.Unlock()
-	m.signal()
+	m.q.signal()
 	select {
 	case <-p.done: // answered (or failed) meanwhile
 		if p.err != nil {
@@ -258,41 +307,18 @@ func (m *callMux) call(ctx context.Context, req *CallRequest) ([]byte, error) {
 	return nil, &unavailableError{node: m.node, err: status.FromContextError(ctx.Err()).Err()}
 }
 
-func (m *callMux) signal() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
-
-// send writes what is queued, one frame at a time, until the stream ends.
+// send writes what is queued until the stream ends; a failed send fails
+// the stream.
 func (m *callMux) send(ctx context.Context) {
-	for {
-		select {
-		case <-m.wake:
-		case <-ctx.Done():
-			return
-		}
-		for {
-			m.mu.Lock()
-			if len(m.out) == 0 || m.err != nil {
-				m.mu.Unlock()
-				break
-			}
-			f := callFrame{entries: take(&m.out)}
-			for _, e := range f.entries {
-				if p := m.pending[e.id]; p != nil && e.kind == callEntryRequest {
-					p.sent = true
-				}
-			}
-			m.mu.Unlock()
-			if err := m.stream.SendMsg(&f); err != nil {
-				if err != io.EOF { // io.EOF: the stream ended; receive learns why
-					m.fail(err)
-				}
-				return
+	err := m.q.run(ctx, m.stream.SendMsg, func(entries []callEntry) {
+		for _, e := range entries {
+			if p := m.pending[e.id]; p != nil && e.kind == callEntryRequest {
+				p.sent = true
 			}
 		}
+	})
+	if err != nil && err != io.EOF { // io.EOF: the stream ended; receive learns why
+		m.fail(err)
 	}
 }
 
@@ -334,7 +360,7 @@ func (m *callMux) fail(err error) {
 		p.err = &unavailableError{node: m.node, err: err, notSent: !p.sent || err == errCallsUnsupported}
 		close(p.done)
 	}
-	m.out = nil
+	m.q.out = nil
 	m.mu.Unlock()
 	m.cancel()
 }
@@ -347,31 +373,13 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 	var (
 		mu      sync.Mutex
 		cancels = make(map[uint64]context.CancelFunc) // protected by mu
-		out     []callEntry                           // protected by mu
-		wake    = make(chan struct{}, 1)
+		q       = newSendQueue(&mu)
 		sendErr = make(chan error, 1)
 	)
 	go func() {
-		for {
-			select {
-			case <-wake:
-			case <-ctx.Done():
-				return
-			}
-			for {
-				mu.Lock()
-				if len(out) == 0 {
-					mu.Unlock()
-					break
-				}
-				f := callFrame{entries: take(&out)}
-				mu.Unlock()
-				if err := stream.SendMsg(&f); err != nil {
-					sendErr <- err
-					cancelAll()
-					return
-				}
-			}
+		if err := q.run(ctx, stream.SendMsg, nil); err != nil {
+			sendErr <- err
+			cancelAll()
 		}
 	}()
 	var f callFrame
@@ -415,13 +423,10 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 					body, _ := answer(h, &req, res, err).Marshal()
 					mu.Lock()
 					delete(cancels, id)
-					out = append(out, callEntry{kind: callEntryResponse, id: id, body: body})
+					q.out = append(q.out, callEntry{kind: callEntryResponse, id: id, body: body})
 					mu.Unlock()
 					cancel()
-					select {
-					case wake <- struct{}{}:
-					default:
-					}
+					q.signal()
 				}(e.id)
 			}
 		}
