@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/brainkv/brain/internal/workers"
 	"io"
 	"sync"
 	"time"
@@ -418,7 +419,8 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 				mu.Lock()
 				cancels[e.id] = cancel
 				mu.Unlock()
-				go func(id uint64) {
+				id := e.id
+				callWorkers.Go(func() {
 					res, err := h.HandleCall(cctx, &req)
 					body, _ := answer(h, &req, res, err).Marshal()
 					mu.Lock()
@@ -427,11 +429,15 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 					mu.Unlock()
 					cancel()
 					q.signal()
-				}(e.id)
+				})
 			}
 		}
 	}
 }
+
+// callWorkers run the calls of every Calls stream a node serves, on
+// goroutines whose stacks stay grown from call to call.
+var callWorkers = workers.New(256, 10*time.Second)
 
 // answer is the response to req: its result, or its error's code.
 func answer(h Handler, req *CallRequest, res []byte, err error) *CallResponse {
