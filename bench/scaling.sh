@@ -58,15 +58,28 @@ HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-inte
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
+# GOMAXPROCS of every node, brain's and etcd's: "auto" is the whole CPUs of
+# the share, at least 1; "go" is Go's default (which is at least 2 under a
+# CPU quota; in a 0.15 CPU quota both systems used 18-31% less CPU per
+# create with one thread than with two, see README's "Configuration").
+GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
 
 # The share as a quota per CFS period (docker --cpus is period 100000).
 QUOTA=$(awk -v c="$CPUS" -v p="$CPU_PERIOD" 'BEGIN { printf "%d", c * p }')
+case $GOMAXPROCS_NODES in
+auto) GOMAXPROCS_NODES=$(awk -v c="$CPUS" 'BEGIN { n = int(c); printf "%d", n < 1 ? 1 : n }') ;;
+go) GOMAXPROCS_NODES= ;;
+*[!0-9]* | 0)
+	echo "scaling.sh: --gomaxprocs-nodes must be auto, go or a positive number, not $GOMAXPROCS_NODES" >&2
+	exit 2
+	;;
+esac
 if ((QUOTA < 1000)); then
 	echo "scaling.sh: --cpus $CPUS over a --cpu-period of $CPU_PERIOD µs is a quota of $QUOTA µs; the kernel's least is 1000 (raise --cpu-period)" >&2
 	exit 2
@@ -221,6 +234,7 @@ start_cluster() {
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
 			if ((PROFILE > 0)); then args+=(--enable-pprof); fi
 		fi
+		[[ -n $GOMAXPROCS_NODES ]] && nodeargs+=(--env "GOMAXPROCS=$GOMAXPROCS_NODES")
 		docker run -d --name "$name" "${nodeargs[@]}" \
 			--cpu-period "$CPU_PERIOD" --cpu-quota "$QUOTA" --memory "$MEMORY" --tmpfs /tmp \
 			--mount type=tmpfs,destination=/data,tmpfs-size=4g \
@@ -385,7 +399,7 @@ measure_pair() {
 }
 
 printf '# system\tnodes\tcreates/s (%s CPU per node, %s clients, %s B values)\n' "$CPUS" "$CLIENTS" "$VALUE_SIZE" >"$OUT/results.tsv"
-say "sizes: $SIZES; $CPUS CPU and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
+say "sizes: $SIZES; $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
 for n in $SIZES; do
 	for kind in $SYSTEMS; do
 		if ! start_cluster "$kind" "$n"; then
