@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -120,8 +121,10 @@ func (m *FeedMessage) Unmarshal(b []byte) error {
 	return err
 }
 
-// appendRevEvents encodes revisions of events.
+// appendRevEvents encodes revisions of events, each event marshalled in
+// place into b, grown once.
 func appendRevEvents(b []byte, revs []partition.RevEvents) ([]byte, error) {
+	b = slices.Grow(b, revEventsSize(revs))
 	b = binary.AppendUvarint(b, uint64(len(revs)))
 	for _, r := range revs {
 		b = binary.AppendVarint(b, r.Rev)
@@ -132,15 +135,28 @@ func appendRevEvents(b []byte, revs []partition.RevEvents) ([]byte, error) {
 		b = append(b, flags)
 		b = binary.AppendUvarint(b, uint64(len(r.Events)))
 		for _, ev := range r.Events {
-			eb, err := ev.Marshal()
-			if err != nil {
+			n := ev.Size()
+			b = binary.AppendUvarint(b, uint64(n))
+			start := len(b)
+			b = slices.Grow(b, n)[:start+n]
+			if _, err := ev.MarshalToSizedBuffer(b[start:]); err != nil {
 				return nil, err
 			}
-			b = binary.AppendUvarint(b, uint64(len(eb)))
-			b = append(b, eb...)
 		}
 	}
 	return b, nil
+}
+
+// revEventsSize is the length of appendRevEvents' encoding of revs.
+func revEventsSize(revs []partition.RevEvents) int {
+	size := binary.MaxVarintLen64
+	for _, r := range revs {
+		size += 2*binary.MaxVarintLen64 + 1
+		for _, ev := range r.Events {
+			size += binary.MaxVarintLen64 + ev.Size()
+		}
+	}
+	return size
 }
 
 func readRevEvents(b []byte) ([]partition.RevEvents, []byte, error) {
