@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/brainkv/brain/internal/workers"
 	"io"
 	"sync"
 	"time"
 
+	"github.com/brainkv/brain/internal/workers"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
