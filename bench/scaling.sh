@@ -23,12 +23,13 @@
 # Side by side (--side-by-side 3, the default): two independent 3-node
 # clusters, each under half the clients and half the creates, at the same
 # time. Their summed throughput is what twice the nodes would do with
-# perfect scaling *on this host*: six busy containers share the cores as
-# in the 6-node run. On a small host a server's cost per operation can
-# grow with the number of busy containers (brain's does, etcd's does not;
-# see README), so "6 nodes / 2 x 3 side by side" separates what one bigger
-# cluster loses to cross-node work from what the shared host costs; it is
-# not a measurement on machines of their own.
+# perfect scaling *on this host and at this client count*: six busy
+# containers share the cores as in the 6-node run, and each node has as
+# many writes in flight as a node of the 6-node cluster (half as many as a
+# node of one 3-node cluster; brain's cost per write grows as that falls,
+# see README's "In-flight writes per node"). So "6 nodes / 2 x 3 side by
+# side" is what one bigger cluster loses to cross-node work; it is not a
+# measurement on machines of their own.
 #
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
@@ -442,7 +443,7 @@ END {
 		if (f[1] !~ / side by side\)$/) continue
 		sys = f[1]; sub(/ \(2 x [0-9]+ side by side\)$/, "", sys)
 		if ((sys FS f[2]) in v && v[key] > 0)
-			printf "%s: %s nodes / 2 x %d side by side = %.2f (at equal host contention %s / %d nodes = %.2fx)\n", sys, f[2], f[2] / 2, v[sys FS f[2]] / v[key], f[2], f[2] / 2, 2 * v[sys FS f[2]] / v[key]
+			printf "%s: %s nodes / 2 x %d side by side = %.2f (at equal host load and writes in flight per node %s / %d nodes = %.2fx)\n", sys, f[2], f[2] / 2, v[sys FS f[2]] / v[key], f[2], f[2] / 2, 2 * v[sys FS f[2]] / v[key]
 	}
 }' "$OUT/results.tsv"
 (cd "$ROOT/tools/benchplot" && GOWORK=off go run . --in "$OUT/results.tsv" --out "$OUT/scaling.png" \
