@@ -25,9 +25,10 @@
 # time. Their summed throughput is what twice the nodes would do with
 # perfect scaling *on this host and at this client count*: six busy
 # containers share the cores as in the 6-node run, and each node has as
-# many writes in flight as a node of the 6-node cluster (half as many as a
-# node of one 3-node cluster; brain's cost per write grows as that falls,
-# see README's "In-flight writes per node"). So "6 nodes / 2 x 3 side by
+# many writes in flight as a node of the 6-node cluster (with a fixed
+# --clients, half as many as a node of one 3-node cluster; brain's cost
+# per write grows as that falls, see README's "Writes in flight per
+# node"). So "6 nodes / 2 x 3 side by
 # side" is what one bigger cluster loses to cross-node work; it is not a
 # measurement on machines of their own.
 #
@@ -40,6 +41,11 @@ CPUS=${CPUS:-0.25}                # CPU share of every node (docker --cpus)
 CPU_PERIOD=${CPU_PERIOD:-100000}  # CFS period in µs the share is enforced over (docker's default 100000; smaller: shorter throttling stalls)
 MEMORY=${MEMORY:-2g}              # memory limit of every node
 CLIENTS=${CLIENTS:-256}           # concurrent workers (64 leaves brain latency-bound)
+# >0: each cluster gets this many concurrent workers per node instead of
+# CLIENTS (the load grows with the cluster, as a bigger Kubernetes
+# cluster's does; with a fixed CLIENTS a bigger cluster has fewer writes
+# in flight per node, which costs brain more per write, see README)
+CLIENTS_PER_NODE=${CLIENTS_PER_NODE:-0}
 CONNS=${CONNS:-32}                # gRPC connections
 VALUE_SIZE=${VALUE_SIZE:-1024}    # bytes per value
 TOTAL=${TOTAL:-20000}             # creates per measurement
@@ -66,7 +72,7 @@ PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this ma
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -267,6 +273,16 @@ stop_cluster() {
 	done
 }
 
+# clients_for N SHARE: the workers for an N-node cluster that takes 1/SHARE
+# of the load (2 for each of the side-by-side clusters).
+clients_for() {
+	if ((CLIENTS_PER_NODE > 0)); then
+		echo $((CLIENTS_PER_NODE * $1))
+	else
+		echo $((CLIENTS / $2))
+	fi
+}
+
 # bench_args ENDPOINTS CLIENTS CONNS: sets BENCH_ARGS to brainbench's
 # flags for a load on ENDPOINTS.
 bench_args() {
@@ -279,7 +295,7 @@ bench_args() {
 measure() {
 	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3.json
 	local common
-	bench_args "$EPS" "$CLIENTS" "$CONNS"
+	bench_args "$EPS" "$(clients_for "$n" 1)" "$CONNS"
 	common=("${BENCH_ARGS[@]}")
 	local warmup=$WARMUP
 	[[ $workload == hot && $kind == brain ]] && warmup=$HOT_WARMUP
@@ -365,7 +381,7 @@ measure_pair() {
 	say "$label: $WARMUP warm-up puts each, then $((TOTAL / 2)) creates each, at the same time"
 	local i pids=() jsons=() b0 b1 c0 c1 io0 io1 t0 t1
 	for i in 0 1; do
-		bench_args "${eps[i]}" "$((CLIENTS / 2))" "$((CONNS / 2))"
+		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
 		"$BIN/brainbench" put "${BENCH_ARGS[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$RESOURCES" --quiet >/dev/null 2>&1 || true
 	done
 	b0=$(host_busy)
@@ -373,7 +389,7 @@ measure_pair() {
 	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2 } END { print r, w }')
 	t0=$(date +%s.%N)
 	for i in 0 1; do
-		bench_args "${eps[i]}" "$((CLIENTS / 2))" "$((CONNS / 2))"
+		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
 		jsons+=("$OUT/$kind-2x$n-$i.json")
 		"$BIN/brainbench" create "${BENCH_ARGS[@]}" --total "$((TOTAL / 2))" --resources "$RESOURCES" --json-out "${jsons[i]}" --quiet &
 		pids+=($!)
@@ -399,7 +415,9 @@ measure_pair() {
 	printf '%s\t%s\t%s\n' "$label" "$((2 * n))" "$thru" >>"$OUT/results.tsv"
 }
 
-printf '# system\tnodes\tcreates/s (%s CPU per node, %s clients, %s B values)\n' "$CPUS" "$CLIENTS" "$VALUE_SIZE" >"$OUT/results.tsv"
+CLIENTS_DESC="$CLIENTS clients"
+((CLIENTS_PER_NODE > 0)) && CLIENTS_DESC="$CLIENTS_PER_NODE clients per node"
+printf '# system\tnodes\tcreates/s (%s CPU per node, %s, %s B values)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" >"$OUT/results.tsv"
 say "sizes: $SIZES; $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
 for n in $SIZES; do
 	for kind in $SYSTEMS; do
