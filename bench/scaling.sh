@@ -28,9 +28,9 @@
 # many writes in flight as a node of the 6-node cluster (with a fixed
 # --clients, half as many as a node of one 3-node cluster; brain's cost
 # per write grows as that falls, see README's "Writes in flight per
-# node"). So "6 nodes / 2 x 3 side by
-# side" is what one bigger cluster loses to cross-node work; it is not a
-# measurement on machines of their own.
+# node"). So "6 nodes / 2 x 3 side by side" is what one bigger cluster
+# loses to cross-node work; it is not a measurement on machines of their
+# own.
 #
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
