@@ -366,8 +366,9 @@ func (m *callMux) fail(err error) {
 	m.cancel()
 }
 
-// serveCalls serves a Calls stream: every call runs in its own goroutine
-// and its answer joins the next frame back.
+// serveCalls serves a Calls stream: every call runs on one of callWorkers'
+// goroutines (calls do not wait for each other) and its answer joins the
+// next frame back.
 func serveCalls(h Handler, stream grpc.ServerStream) error {
 	ctx, cancelAll := context.WithCancel(stream.Context())
 	defer cancelAll()

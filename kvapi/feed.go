@@ -147,7 +147,8 @@ func appendRevEvents(b []byte, revs []partition.RevEvents) ([]byte, error) {
 	return b, nil
 }
 
-// revEventsSize is the length of appendRevEvents' encoding of revs.
+// revEventsSize bounds the length of appendRevEvents' encoding of revs
+// (every varint counted at its longest).
 func revEventsSize(revs []partition.RevEvents) int {
 	size := binary.MaxVarintLen64
 	for _, r := range revs {
