@@ -7,8 +7,9 @@
 # It builds static brainnode and etcdref binaries and images FROM scratch
 # (nothing is pulled), runs brainbench on the host against the containers'
 # addresses on a private bridge network (no port publishing, so no
-# docker-proxy in the path), prints a table and writes results.tsv and
-# scaling.png (tools/benchplot) into OUT.
+# docker-proxy in the path), prints a table and writes results.tsv,
+# rounds.tsv (every measurement of every --repeat round) and scaling.png
+# (tools/benchplot) into OUT.
 #
 #   bench/scaling.sh                       # sizes 1 3 6, 0.25 CPU per node
 #   bench/scaling.sh --sizes "3 6" --cpus 0.5 --total 40000
@@ -64,6 +65,12 @@ BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn --watch-feeds-idle-after -1s}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
+# Rounds: every measurement is made this many times, the sizes
+# alternating within a round (3, 6, 3, 6, ...), so that a drift of the
+# host's speed falls on both sides of a ratio. results.tsv and the plot
+# hold each measurement's median; rounds.tsv holds every one, and the
+# summary prints each round's ratios between sizes and their median.
+REPEAT=${REPEAT:-1}
 PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
 # GOMAXPROCS of every node, brain's and etcd's: "auto" is the whole CPUs of
 # the share, at least 1; "go" is Go's default (which is at least 2 under a
@@ -72,10 +79,21 @@ PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this ma
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE PROFILE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
+
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP REPEAT PROFILE; do
+	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
+		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
+		exit 2
+	fi
+done
+if ((REPEAT < 1 || CLIENTS < 1 || CONNS < 1)); then
+	echo "scaling.sh: --repeat, --clients and --conns must be at least 1" >&2
+	exit 2
+fi
 
 # The share as a quota per CFS period (docker --cpus is period 100000).
 QUOTA=$(awk -v c="$CPUS" -v p="$CPU_PERIOD" 'BEGIN { printf "%d", c * p }')
@@ -149,14 +167,20 @@ cpu_report() {
 	join <(echo "$1") <(echo "$2") | awk -v s="$3" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
 }
 
-# node_io KIND N: "reads writes", the read and write system calls the
-# cluster's node processes made so far (/proc/PID/io: sockets, files).
+# node_io KIND N: "reads writes faults", the read and write system calls
+# (/proc/PID/io: sockets, files) and the minor page faults (/proc/PID/stat)
+# the cluster's node processes had so far. A page fault is a first touch
+# of memory the process had not used (a growing heap, a new memtable); on
+# a virtual machine whose free memory goes back to the host it can cost
+# tens of microseconds, so a node whose memory still grows pays for it.
 node_io() {
 	local kind=$1 n=$2 i pid
 	for ((i = 1; i <= n; i++)); do
 		pid=$(docker inspect -f '{{.State.Pid}}' "$PREFIX-$kind$i" 2>/dev/null) || continue
 		cat "/proc/$pid/io" 2>/dev/null || true
-	done | awk '/^syscr/ { r += $2 } /^syscw/ { w += $2 } END { print r + 0, w + 0 }'
+		# The command name in parentheses may hold spaces: fields after it.
+		sed -n 's/^.*) /minflt /p' "/proc/$pid/stat" 2>/dev/null | awk '{ print $1, $9 }' || true
+	done | awk '/^syscr/ { r += $2 } /^syscw/ { w += $2 } /^minflt/ { f += $2 } END { print r + 0, w + 0, f + 0 }'
 }
 
 # per_create CPU_BEFORE CPU_AFTER IO_BEFORE IO_AFTER OPS: the cluster's
@@ -168,7 +192,7 @@ per_create() {
 	cpu=$(join <(echo "$1") <(echo "$2") | awk '{ s += $5 - $2 } END { print s }')
 	awk -v cpu="$cpu" -v a="$3" -v b="$4" -v ops="$5" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
-		printf "%.0f us of node CPU, %.1f read and %.1f write system calls", cpu / 1000 / ops, (y[1] - x[1]) / ops, (y[2] - x[2]) / ops }'
+		printf "%.0f us of node CPU, %.1f read and %.1f write system calls, %.1f page faults", cpu / 1000 / ops, (y[1] - x[1]) / ops, (y[2] - x[2]) / ops, (y[3] - x[3]) / ops }'
 }
 
 # brain_work FILE: the brain cluster's counters of internal work (from
@@ -291,9 +315,14 @@ bench_args() {
 	return 0
 }
 
+# record LABEL NODES CREATES_PER_S: one measurement of this round.
+record() {
+	printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$ROUND" "$3" >>"$OUT/rounds.tsv"
+}
+
 # measure KIND N WORKLOAD RESOURCES: one create run; appends to results.
 measure() {
-	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3.json
+	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3$TAG.json
 	local common
 	bench_args "$EPS" "$(clients_for "$n" 1)" "$CONNS"
 	common=("${BENCH_ARGS[@]}")
@@ -307,7 +336,7 @@ measure() {
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
 	local b0 b1 c0 c1 t0 t1 io0 io1 w0="" w1
-	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload.metrics-before")
+	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
@@ -317,7 +346,7 @@ measure() {
 		local ep i=0
 		for ep in ${EPS//,/ }; do
 			i=$((i + 1))
-			curl -s -o "$OUT/$kind-$n-$workload-n$i.pprof" "http://$ep/debug/pprof/profile?seconds=$PROFILE" &
+			curl -s -o "$OUT/$kind-$n-$workload$TAG-n$i.pprof" "http://$ep/debug/pprof/profile?seconds=$PROFILE" &
 			profs+=($!)
 		done
 	fi
@@ -346,7 +375,7 @@ measure() {
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	if [[ -n $w0 ]]; then
-		w1=$(brain_work "$OUT/$kind-$n-$workload.metrics-after")
+		w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
 		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$TOTAL")"
 	fi
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
@@ -360,7 +389,7 @@ measure() {
 	thru=$(sed -n 's/.*"throughput":\([0-9.e+]*\).*/\1/p' "$json" | tail -1)
 	local label=$kind
 	[[ $workload == hot ]] && label="$kind (one prefix)"
-	printf '%s\t%s\t%s\n' "$label" "$n" "$thru" >>"$OUT/results.tsv"
+	record "$label" "$n" "$thru"
 }
 
 # measure_pair KIND N: two N-node clusters of KIND side by side (see the
@@ -386,11 +415,11 @@ measure_pair() {
 	done
 	b0=$(host_busy)
 	c0=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
-	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2 } END { print r, w }')
+	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
 	t0=$(date +%s.%N)
 	for i in 0 1; do
 		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
-		jsons+=("$OUT/$kind-2x$n-$i.json")
+		jsons+=("$OUT/$kind-2x$n$TAG-$i.json")
 		"$BIN/brainbench" create "${BENCH_ARGS[@]}" --total "$((TOTAL / 2))" --resources "$RESOURCES" --json-out "${jsons[i]}" --quiet &
 		pids+=($!)
 	done
@@ -398,7 +427,7 @@ measure_pair() {
 	for i in 0 1; do wait "${pids[i]}" || failed=1; done
 	b1=$(host_busy)
 	c1=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
-	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2 } END { print r, w }')
+	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
 	t1=$(date +%s.%N)
 	for side in a b; do PREFIX=$base-$side stop_cluster "$kind" "$n" "-$side"; done
 	if ((failed)); then
@@ -412,39 +441,62 @@ measure_pair() {
 	say "$label: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
 	say "$label: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	say "$label: host CPU busy $(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')% during the creates"
-	printf '%s\t%s\t%s\n' "$label" "$((2 * n))" "$thru" >>"$OUT/results.tsv"
+	record "$label" "$((2 * n))" "$thru"
 }
 
 CLIENTS_DESC="$CLIENTS clients"
 ((CLIENTS_PER_NODE > 0)) && CLIENTS_DESC="$CLIENTS_PER_NODE clients per node"
-printf '# system\tnodes\tcreates/s (%s CPU per node, %s, %s B values)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" >"$OUT/results.tsv"
-say "sizes: $SIZES; $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
-for n in $SIZES; do
-	for kind in $SYSTEMS; do
-		if ! start_cluster "$kind" "$n"; then
-			FAILED=1
-			stop_cluster "$kind" "$n"
-			continue
-		fi
-		measure "$kind" "$n" spread "$RESOURCES"
-		stop_cluster "$kind" "$n"
-		if [[ $HOT == 1 && $kind == brain ]]; then
-			# A fresh cluster, so the creates find no keys of the first run.
-			if start_cluster "$kind" "$n" "$HOT_FLAGS"; then
-				measure "$kind" "$n" hot pods
-			else
+ROUNDS_DESC=""
+((REPEAT > 1)) && ROUNDS_DESC=", median of $REPEAT rounds"
+printf '# system\tnodes\tcreates/s (%s CPU per node, %s, %s B values%s)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" "$ROUNDS_DESC" >"$OUT/results.tsv"
+printf '# system\tnodes\tround\tcreates/s (%s CPU per node, %s, %s B values)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" >"$OUT/rounds.tsv"
+say "sizes: $SIZES; $CLIENTS_DESC; $REPEAT round(s); $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
+for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
+	TAG="" # file name suffix of this round's JSON, metrics and profiles
+	if ((REPEAT > 1)); then
+		TAG=-r$ROUND
+		say "round $ROUND of $REPEAT"
+	fi
+	for n in $SIZES; do
+		for kind in $SYSTEMS; do
+			if ! start_cluster "$kind" "$n"; then
 				FAILED=1
+				stop_cluster "$kind" "$n"
+				continue
 			fi
+			measure "$kind" "$n" spread "$RESOURCES"
 			stop_cluster "$kind" "$n"
-		fi
-		if [[ " $SIDE_BY_SIDE " == *" $n "* ]]; then
-			measure_pair "$kind" "$n"
-		fi
+			if [[ $HOT == 1 && $kind == brain ]]; then
+				# A fresh cluster, so the creates find no keys of the first run.
+				if start_cluster "$kind" "$n" "$HOT_FLAGS"; then
+					measure "$kind" "$n" hot pods
+				else
+					FAILED=1
+				fi
+				stop_cluster "$kind" "$n"
+			fi
+			if [[ " $SIDE_BY_SIDE " == *" $n "* ]]; then
+				measure_pair "$kind" "$n"
+			fi
+		done
 	done
 done
 
+# results.tsv: each measurement's median over the rounds (the mean of the
+# middle two for an even count), in the order first measured.
+awk -F'\t' '!/^#/ { k = $1 FS $2; if (!(k in c)) order[++m] = k; v[k, ++c[k]] = $4 }
+END {
+	for (i = 1; i <= m; i++) {
+		k = order[i]; n = c[k]
+		for (a = 1; a <= n; a++) x[a] = v[k, a]
+		for (a = 2; a <= n; a++) for (b = a; b > 1 && x[b - 1] + 0 > x[b] + 0; b--) { t = x[b]; x[b] = x[b - 1]; x[b - 1] = t }
+		med = n % 2 ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2
+		printf "%s\t%.1f\n", k, med
+	}
+}' "$OUT/rounds.tsv" >>"$OUT/results.tsv"
+
 echo
-echo "creates/s by cluster size ($CPUS CPU per node)"
+echo "creates/s by cluster size ($CPUS CPU per node$ROUNDS_DESC)"
 awk -F'\t' '!/^#/ { v[$1 FS $2] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 } ; if (!($2 in sz)) { sz[$2] = 1; sizes[++m] = $2 } }
 END {
 	printf "%-30s", "system"; for (j = 1; j <= m; j++) printf "%12s", sizes[j] " nodes"; printf "\n"
@@ -464,8 +516,59 @@ END {
 			printf "%s: %s nodes / 2 x %d side by side = %.2f (at equal host load and writes in flight per node %s / %d nodes = %.2fx)\n", sys, f[2], f[2] / 2, v[sys FS f[2]] / v[key], f[2], f[2] / 2, 2 * v[sys FS f[2]] / v[key]
 	}
 }' "$OUT/results.tsv"
+if ((REPEAT > 1)); then
+	# Every round, and each round's ratio between two sizes of one system:
+	# the two were measured minutes apart, so their ratio is steadier than
+	# either throughput.
+	echo
+	echo "by round (creates/s; ratios between sizes per round, then their median)"
+	awk -F'\t' '
+	function median(a, n,   i, j, t) {
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	!/^#/ {
+		if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 }
+		if (!(($1, $2) in hasSize)) { hasSize[$1, $2] = 1; sizes[$1] = sizes[$1] " " $2 }
+		v[$1, $2, $3] = $4 + 0; if ($3 > rounds) rounds = $3
+	}
+	END {
+		for (i = 1; i <= k; i++) {
+			l = order[i]; ns = split(sizes[l], sz, " ")
+			for (a = 1; a <= ns; a++) {
+				line = ""
+				for (r = 1; r <= rounds; r++) line = line sprintf(" %7s", ((l, sz[a], r) in v) ? sprintf("%.0f", v[l, sz[a], r]) : "-")
+				printf "%-30s %2s nodes:%s\n", l, sz[a], line
+			}
+			for (a = 1; a <= ns; a++) for (b = a + 1; b <= ns; b++) {
+				line = ""; n = 0; delete q
+				for (r = 1; r <= rounds; r++) {
+					if (((l, sz[a], r) in v) && ((l, sz[b], r) in v) && v[l, sz[a], r] > 0) {
+						q[++n] = v[l, sz[b], r] / v[l, sz[a], r]; line = line sprintf(" %.2f", q[n])
+					} else line = line " -"
+				}
+				if (n > 0) printf "%-30s %s / %s nodes:%s; median %.2fx of %d rounds\n", l, sz[b], sz[a], line, median(q, n), n
+			}
+		}
+		# N nodes against the two N/2-node clusters side by side.
+		for (i = 1; i <= k; i++) {
+			l = order[i]; if (l !~ / side by side\)$/) continue
+			sys = l; sub(/ \(2 x [0-9]+ side by side\)$/, "", sys)
+			ns = split(sizes[l], sz, " ")
+			for (a = 1; a <= ns; a++) {
+				line = ""; n = 0; delete q
+				for (r = 1; r <= rounds; r++) {
+					if (((sys, sz[a], r) in v) && ((l, sz[a], r) in v) && v[l, sz[a], r] > 0) {
+						q[++n] = v[sys, sz[a], r] / v[l, sz[a], r]; line = line sprintf(" %.2f", q[n])
+					} else line = line " -"
+				}
+				if (n > 0) printf "%-30s %s nodes / 2 x %d side by side:%s; median %.2f of %d rounds\n", sys, sz[a], sz[a] / 2, line, median(q, n), n
+			}
+		}
+	}' "$OUT/rounds.tsv"
+fi
 (cd "$ROOT/tools/benchplot" && GOWORK=off go run . --in "$OUT/results.tsv" --out "$OUT/scaling.png" \
-	--title "creates/s vs nodes, $CPUS CPU per node" --ylabel "creates/s") || FAILED=1
+	--title "creates/s vs nodes, $CPUS CPU per node, $CLIENTS_DESC$ROUNDS_DESC" --ylabel "creates/s") || FAILED=1
 say "results: $OUT/results.tsv, plot: $OUT/scaling.png, logs and JSON in $OUT"
 for e in "${ERRORS[@]}"; do
 	say "WARNING: recorded with errors: $e"
