@@ -6,6 +6,10 @@
 // groups ride one WAL sync, and what lets a split hand a
 // key range to a new group without copying data.
 //
+// Pebble's sstable writes are gathered into 256 KiB calls (bufferedfs.go):
+// Pebble writes a flush or a compaction in ~4 KiB calls, one system call
+// per block, on nodes whose CPU share system calls quickly use up.
+//
 // # Keyspace
 //
 // The first byte of every key is a namespace:

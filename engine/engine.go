@@ -53,7 +53,7 @@ func Open(cfg Config) (*pebble.DB, error) {
 	cache := pebble.NewCache(cfg.CacheBytes)
 	defer cache.Unref()
 	opts := &pebble.Options{
-		FS:                          cfg.FS,
+		FS:                          bufferedFS{cfg.FS},
 		Cache:                       cache,
 		MemTableSize:                cfg.MemTableBytes,
 		MemTableStopWritesThreshold: 4,

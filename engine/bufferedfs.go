@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Pebble writes an sstable through a 4 KiB bufio.Writer, and its blocks are
+// about 4 KiB, so each block of a flush or a compaction is one write system
+// call. On a node short of CPU those calls are a cost every write pays
+// again at every level its data is rewritten: at one node a create that
+// cost one read and one write call before the first flush cost about two of
+// each once flushes and compactions ran (bench/scaling.sh, 32000 warm-up
+// puts). bufferedFS gathers an sstable's writes into sstWriteBuffer-sized
+// calls. Only sstables: the WAL and the MANIFEST are written in records
+// that are synced at once, so a buffer would only add a copy.
+
+// sstWriteBuffer is how much of an sstable is gathered per write call.
+const sstWriteBuffer = 256 << 10
+
+// bufferedFS is a vfs.FS whose new sstables buffer their writes.
+type bufferedFS struct{ vfs.FS }
+
+// Unwrap implements vfs.FS (vfs.Root).
+func (fs bufferedFS) Unwrap() vfs.FS { return fs.FS }
+
+// Create implements vfs.FS.
+func (fs bufferedFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, category)
+	if err != nil || !strings.HasSuffix(name, ".sst") {
+		return f, err
+	}
+	return &bufferedFile{File: f, buf: make([]byte, 0, sstWriteBuffer)}, nil
+}
+
+// bufferedFile holds written bytes until the buffer is full or anything
+// else is asked of the file: every method that could observe the file's
+// contents or size, or make them durable, writes the buffer out first, so
+// to its users the file behaves as if every Write had gone through.
+type bufferedFile struct {
+	vfs.File
+	buf []byte
+}
+
+// Write implements io.Writer.
+func (f *bufferedFile) Write(p []byte) (int, error) {
+	if len(f.buf)+len(p) > cap(f.buf) {
+		if err := f.flush(); err != nil {
+			return 0, err
+		}
+		if len(p) >= cap(f.buf) {
+			return f.File.Write(p)
+		}
+	}
+	f.buf = append(f.buf, p...)
+	return len(p), nil
+}
+
+// flush writes the buffer out and empties it. After an error the file's
+// contents are undefined, as after a failed write to any vfs.File (whose
+// Write may also change the slice it was given); Pebble abandons such a
+// file.
+func (f *bufferedFile) flush() error {
+	if len(f.buf) == 0 {
+		return nil
+	}
+	n, err := f.File.Write(f.buf)
+	if err == nil && n < len(f.buf) {
+		err = io.ErrShortWrite
+	}
+	f.buf = f.buf[:0]
+	return err
+}
+
+// Close implements io.Closer.
+func (f *bufferedFile) Close() error {
+	err := f.flush()
+	return errors.Join(err, f.File.Close())
+}
+
+// Sync implements vfs.File.
+func (f *bufferedFile) Sync() error {
+	if err := f.flush(); err != nil {
+		return err
+	}
+	return f.File.Sync()
+}
+
+// SyncData implements vfs.File.
+func (f *bufferedFile) SyncData() error {
+	if err := f.flush(); err != nil {
+		return err
+	}
+	return f.File.SyncData()
+}
+
+// SyncTo implements vfs.File.
+func (f *bufferedFile) SyncTo(length int64) (bool, error) {
+	if err := f.flush(); err != nil {
+		return false, err
+	}
+	return f.File.SyncTo(length)
+}
+
+// Stat implements vfs.File.
+func (f *bufferedFile) Stat() (vfs.FileInfo, error) {
+	if err := f.flush(); err != nil {
+		return nil, err
+	}
+	return f.File.Stat()
+}
+
+// Read implements io.Reader.
+func (f *bufferedFile) Read(p []byte) (int, error) {
+	if err := f.flush(); err != nil {
+		return 0, err
+	}
+	return f.File.Read(p)
+}
+
+// ReadAt implements io.ReaderAt.
+func (f *bufferedFile) ReadAt(p []byte, off int64) (int, error) {
+	if err := f.flush(); err != nil {
+		return 0, err
+	}
+	return f.File.ReadAt(p, off)
+}
+
+// WriteAt implements io.WriterAt.
+func (f *bufferedFile) WriteAt(p []byte, off int64) (int, error) {
+	if err := f.flush(); err != nil {
+		return 0, err
+	}
+	return f.File.WriteAt(p, off)
+}
