@@ -170,9 +170,8 @@ cpu_report() {
 # node_io KIND N: "reads writes faults", the read and write system calls
 # (/proc/PID/io: sockets, files) and the minor page faults (/proc/PID/stat)
 # the cluster's node processes had so far. A page fault is a first touch
-# of memory the process had not used (a growing heap, a new memtable); on
-# a virtual machine whose free memory goes back to the host it can cost
-# tens of microseconds, so a node whose memory still grows pays for it.
+# of memory the process had not used (a growing heap, a new memtable): a
+# few microseconds of CPU each, paid while a node's memory still grows.
 node_io() {
 	local kind=$1 n=$2 i pid
 	for ((i = 1; i <= n; i++)); do
