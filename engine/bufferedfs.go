@@ -1,8 +1,8 @@
 package engine
 
 import (
+	"bufio"
 	"errors"
-	"io"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -33,57 +33,31 @@ func (fs bufferedFS) Create(name string, category vfs.DiskWriteCategory) (vfs.Fi
 	if err != nil || !strings.HasSuffix(name, ".sst") {
 		return f, err
 	}
-	return &bufferedFile{File: f, buf: make([]byte, 0, sstWriteBuffer)}, nil
+	return &bufferedFile{File: f, w: bufio.NewWriterSize(f, sstWriteBuffer)}, nil
 }
 
 // bufferedFile holds written bytes until the buffer is full or anything
 // else is asked of the file: every method that could observe the file's
 // contents or size, or make them durable, writes the buffer out first, so
-// to its users the file behaves as if every Write had gone through.
+// to its users the file behaves as if every Write had gone through. A
+// failed write sticks (bufio.Writer): Pebble abandons such a file.
 type bufferedFile struct {
 	vfs.File
-	buf []byte
+	w *bufio.Writer
 }
 
 // Write implements io.Writer.
-func (f *bufferedFile) Write(p []byte) (int, error) {
-	if len(f.buf)+len(p) > cap(f.buf) {
-		if err := f.flush(); err != nil {
-			return 0, err
-		}
-		if len(p) >= cap(f.buf) {
-			return f.File.Write(p)
-		}
-	}
-	f.buf = append(f.buf, p...)
-	return len(p), nil
-}
-
-// flush writes the buffer out and empties it. After an error the file's
-// contents are undefined, as after a failed write to any vfs.File (whose
-// Write may also change the slice it was given); Pebble abandons such a
-// file.
-func (f *bufferedFile) flush() error {
-	if len(f.buf) == 0 {
-		return nil
-	}
-	n, err := f.File.Write(f.buf)
-	if err == nil && n < len(f.buf) {
-		err = io.ErrShortWrite
-	}
-	f.buf = f.buf[:0]
-	return err
-}
+func (f *bufferedFile) Write(p []byte) (int, error) { return f.w.Write(p) }
 
 // Close implements io.Closer.
 func (f *bufferedFile) Close() error {
-	err := f.flush()
+	err := f.w.Flush()
 	return errors.Join(err, f.File.Close())
 }
 
 // Sync implements vfs.File.
 func (f *bufferedFile) Sync() error {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return err
 	}
 	return f.File.Sync()
@@ -91,7 +65,7 @@ func (f *bufferedFile) Sync() error {
 
 // SyncData implements vfs.File.
 func (f *bufferedFile) SyncData() error {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return err
 	}
 	return f.File.SyncData()
@@ -99,7 +73,7 @@ func (f *bufferedFile) SyncData() error {
 
 // SyncTo implements vfs.File.
 func (f *bufferedFile) SyncTo(length int64) (bool, error) {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return false, err
 	}
 	return f.File.SyncTo(length)
@@ -107,7 +81,7 @@ func (f *bufferedFile) SyncTo(length int64) (bool, error) {
 
 // Stat implements vfs.File.
 func (f *bufferedFile) Stat() (vfs.FileInfo, error) {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return nil, err
 	}
 	return f.File.Stat()
@@ -115,7 +89,7 @@ func (f *bufferedFile) Stat() (vfs.FileInfo, error) {
 
 // Read implements io.Reader.
 func (f *bufferedFile) Read(p []byte) (int, error) {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return 0, err
 	}
 	return f.File.Read(p)
@@ -123,7 +97,7 @@ func (f *bufferedFile) Read(p []byte) (int, error) {
 
 // ReadAt implements io.ReaderAt.
 func (f *bufferedFile) ReadAt(p []byte, off int64) (int, error) {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return 0, err
 	}
 	return f.File.ReadAt(p, off)
@@ -131,7 +105,7 @@ func (f *bufferedFile) ReadAt(p []byte, off int64) (int, error) {
 
 // WriteAt implements io.WriterAt.
 func (f *bufferedFile) WriteAt(p []byte, off int64) (int, error) {
-	if err := f.flush(); err != nil {
+	if err := f.w.Flush(); err != nil {
 		return 0, err
 	}
 	return f.File.WriteAt(p, off)

@@ -120,6 +120,18 @@ func TestBufferedFSGathersSSTableWrites(t *testing.T) {
 		}
 		t.Fatalf("after Sync the file holds %d bytes, not the %d written (first difference at %d)", len(got), len(want), i)
 	}
+	for _, sync := range []func() error{f.SyncData, func() error { _, err := f.SyncTo(int64(len(want))); return err }} {
+		if _, err := f.Write([]byte("more")); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, "more"...)
+		if err := sync(); err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, mem, "000001.sst"); !bytes.Equal(got, want) {
+			t.Fatalf("after SyncData or SyncTo the file holds %d bytes, not the %d written", len(got), len(want))
+		}
+	}
 	if _, err := f.Write([]byte("after sync")); err != nil {
 		t.Fatal(err)
 	}
@@ -134,9 +146,10 @@ func TestBufferedFSGathersSSTableWrites(t *testing.T) {
 	if n != len(want) {
 		t.Fatalf("%d bytes reached the file, want %d", n, len(want))
 	}
-	// 1002 writes of ~4 KiB: a write per 256 KiB, plus the flushes Stat
-	// and Sync forced and the large write that went straight through.
-	if max := len(want)/sstWriteBuffer + 5; writes > max {
+	// 1002 writes of ~4 KiB: a write per 256 KiB, plus the flushes Stat,
+	// Sync, SyncData and SyncTo forced and the large write that went straight
+	// through.
+	if max := len(want)/sstWriteBuffer + 7; writes > max {
 		t.Fatalf("%d writes reached the sstable, want at most %d", writes, max)
 	}
 
