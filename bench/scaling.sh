@@ -481,16 +481,22 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 	done
 done
 
-# results.tsv: each measurement's median over the rounds (the mean of the
-# middle two for an even count), in the order first measured.
-awk -F'\t' '!/^#/ { k = $1 FS $2; if (!(k in c)) order[++m] = k; v[k, ++c[k]] = $4 }
+# median(a, n): the median of a[1..n] (the mean of the middle two for an
+# even n), for the awk programs below; sorts a.
+MEDIAN_AWK='function median(a, n,   i, j, t) {
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}'
+
+# results.tsv: each measurement's median over the rounds, in the order
+# first measured.
+awk -F'\t' "$MEDIAN_AWK"'
+!/^#/ { k = $1 FS $2; if (!(k in c)) order[++m] = k; v[k, ++c[k]] = $4 + 0 }
 END {
 	for (i = 1; i <= m; i++) {
 		k = order[i]; n = c[k]
 		for (a = 1; a <= n; a++) x[a] = v[k, a]
-		for (a = 2; a <= n; a++) for (b = a; b > 1 && x[b - 1] + 0 > x[b] + 0; b--) { t = x[b]; x[b] = x[b - 1]; x[b - 1] = t }
-		med = n % 2 ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2
-		printf "%s\t%.1f\n", k, med
+		printf "%s\t%.1f\n", k, median(x, n)
 	}
 }' "$OUT/rounds.tsv" >>"$OUT/results.tsv"
 
@@ -521,10 +527,17 @@ if ((REPEAT > 1)); then
 	# either throughput.
 	echo
 	echo "by round (creates/s; ratios between sizes per round, then their median)"
-	awk -F'\t' '
-	function median(a, n,   i, j, t) {
-		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	awk -F'\t' "$MEDIAN_AWK"'
+	# ratios(NL, NS, DL, DS): the ratios, round by round, of label NL at size NS to
+	# label DL at size DS into q[1..], as text into line; returns how many.
+	function ratios(nl, ns, dl, ds,   r, n) {
+		line = ""; n = 0; delete q
+		for (r = 1; r <= rounds; r++) {
+			if (((nl, ns, r) in v) && ((dl, ds, r) in v) && v[dl, ds, r] > 0) {
+				q[++n] = v[nl, ns, r] / v[dl, ds, r]; line = line sprintf(" %.2f", q[n])
+			} else line = line " -"
+		}
+		return n
 	}
 	!/^#/ {
 		if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 }
@@ -540,13 +553,7 @@ if ((REPEAT > 1)); then
 				printf "%-30s %2s nodes:%s\n", l, sz[a], line
 			}
 			for (a = 1; a <= ns; a++) for (b = a + 1; b <= ns; b++) {
-				line = ""; n = 0; delete q
-				for (r = 1; r <= rounds; r++) {
-					if (((l, sz[a], r) in v) && ((l, sz[b], r) in v) && v[l, sz[a], r] > 0) {
-						q[++n] = v[l, sz[b], r] / v[l, sz[a], r]; line = line sprintf(" %.2f", q[n])
-					} else line = line " -"
-				}
-				if (n > 0) printf "%-30s %s / %s nodes:%s; median %.2fx of %d rounds\n", l, sz[b], sz[a], line, median(q, n), n
+				if ((n = ratios(l, sz[b], l, sz[a])) > 0) printf "%-30s %s / %s nodes:%s; median %.2fx of %d rounds\n", l, sz[b], sz[a], line, median(q, n), n
 			}
 		}
 		# N nodes against the two N/2-node clusters side by side.
@@ -555,13 +562,7 @@ if ((REPEAT > 1)); then
 			sys = l; sub(/ \(2 x [0-9]+ side by side\)$/, "", sys)
 			ns = split(sizes[l], sz, " ")
 			for (a = 1; a <= ns; a++) {
-				line = ""; n = 0; delete q
-				for (r = 1; r <= rounds; r++) {
-					if (((sys, sz[a], r) in v) && ((l, sz[a], r) in v) && v[l, sz[a], r] > 0) {
-						q[++n] = v[sys, sz[a], r] / v[l, sz[a], r]; line = line sprintf(" %.2f", q[n])
-					} else line = line " -"
-				}
-				if (n > 0) printf "%-30s %s nodes / 2 x %d side by side:%s; median %.2f of %d rounds\n", sys, sz[a], sz[a] / 2, line, median(q, n), n
+				if ((n = ratios(sys, sz[a], l, sz[a])) > 0) printf "%-30s %s nodes / 2 x %d side by side:%s; median %.2f of %d rounds\n", sys, sz[a], sz[a] / 2, line, median(q, n), n
 			}
 		}
 	}' "$OUT/rounds.tsv"
