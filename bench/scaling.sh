@@ -341,14 +341,7 @@ measure() {
 	io0=$(node_io "$kind" "$n")
 	t0=$(date +%s.%N)
 	local profs=()
-	if ((PROFILE > 0)) && [[ $kind == brain ]]; then
-		local ep i=0
-		for ep in ${EPS//,/ }; do
-			i=$((i + 1))
-			curl -s -o "$OUT/$kind-$n-$workload$TAG-n$i.pprof" "http://$ep/debug/pprof/profile?seconds=$PROFILE" &
-			profs+=($!)
-		done
-	fi
+	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
 	# brainbench exits non-zero when any create failed. A run that did all
 	# its creates with a few etcd errors (a leader lost on a starved node:
 	# "leader changed") is still a measurement: it is recorded, and the
@@ -391,6 +384,19 @@ measure() {
 	record "$label" "$n" "$thru"
 }
 
+# start_profiles KIND NAME EPS: under --profile, starts a CPU profile of
+# every brain node of EPS (comma-separated) in the background into
+# OUT/NAME-nI.pprof and adds the curl processes to the caller's profs.
+start_profiles() {
+	((PROFILE > 0)) && [[ $1 == brain ]] || return 0
+	local ep i=0
+	for ep in ${3//,/ }; do
+		i=$((i + 1))
+		curl -s -o "$OUT/$2-n$i.pprof" "http://$ep/debug/pprof/profile?seconds=$PROFILE" &
+		profs+=($!)
+	done
+}
+
 # measure_pair KIND N: two N-node clusters of KIND side by side (see the
 # header), each loaded by its own brainbench with half the clients,
 # connections and creates; records their summed ops over the longer run's
@@ -416,6 +422,8 @@ measure_pair() {
 	c0=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
 	t0=$(date +%s.%N)
+	local profs=()
+	for i in 0 1; do start_profiles "$kind" "$kind-2x$n$TAG-$((i + 1))" "${eps[i]}"; done
 	for i in 0 1; do
 		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
 		jsons+=("$OUT/$kind-2x$n$TAG-$i.json")
@@ -424,6 +432,7 @@ measure_pair() {
 	done
 	local failed=0
 	for i in 0 1; do wait "${pids[i]}" || failed=1; done
+	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	b1=$(host_busy)
 	c1=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
