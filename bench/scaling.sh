@@ -342,24 +342,9 @@ measure() {
 	t0=$(date +%s.%N)
 	local profs=()
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
-	# brainbench exits non-zero when any create failed. A run that did all
-	# its creates with a few etcd errors (a leader lost on a starved node:
-	# "leader changed") is still a measurement: it is recorded, and the
-	# errors are reported next to it. A run that stopped early is not.
 	"$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json" || true
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
-	local ops errs
-	ops=$(sed -n 's/.*"ops":\([0-9]*\).*/\1/p' "$json" 2>/dev/null | tail -1)
-	errs=$(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$json" 2>/dev/null | tail -1)
-	if [[ -z $ops || -z $errs ]] || ((ops + errs < TOTAL)); then
-		say "$kind, $n node(s), $workload: FAILED"
-		FAILED=1
-		return 0
-	fi
-	if ((errs > 0)); then
-		say "$kind, $n node(s), $workload: WARNING: $errs of $TOTAL creates failed ($(sed -n 's/.*"first_error":"\([^"]*\)".*/\1/p' "$json" | tail -1)); creates/s counts the $ops that succeeded"
-		ERRORS+=("$kind, $n node(s), $workload: $errs failed creates")
-	fi
+	run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json" || return 0
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
 	io1=$(node_io "$kind" "$n")
@@ -382,6 +367,37 @@ measure() {
 	local label=$kind
 	[[ $workload == hot ]] && label="$kind (one prefix)"
 	record "$label" "$n" "$thru"
+}
+
+# run_complete LABEL TOTAL JSON...: whether the brainbench runs that wrote
+# JSON did TOTAL creates between them. brainbench exits non-zero when any
+# create failed; a run that did all its creates with a few etcd errors (a
+# leader lost on a starved node: "leader changed") is still a
+# measurement: it is recorded, and the errors are reported next to it and
+# in the summary. A run that stopped early is not (FAILED).
+run_complete() {
+	local label=$1 total=$2 ops=0 errs=0 o e j first=""
+	shift 2
+	for j in "$@"; do
+		o=$(sed -n 's/.*"ops":\([0-9]*\).*/\1/p' "$j" 2>/dev/null | tail -1)
+		e=$(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$j" 2>/dev/null | tail -1)
+		if [[ -z $o || -z $e ]]; then
+			say "$label: FAILED"
+			FAILED=1
+			return 1
+		fi
+		ops=$((ops + o)) errs=$((errs + e))
+		[[ -n $first ]] || first=$(sed -n 's/.*"first_error":"\([^"]*\)".*/\1/p' "$j" | tail -1)
+	done
+	if ((ops + errs < total)); then
+		say "$label: FAILED"
+		FAILED=1
+		return 1
+	fi
+	if ((errs > 0)); then
+		say "$label: WARNING: $errs of $total creates failed ($first); creates/s counts the $ops that succeeded"
+		ERRORS+=("$label: $errs failed creates")
+	fi
 }
 
 # start_profiles KIND NAME EPS: under --profile, starts a CPU profile of
@@ -430,19 +446,14 @@ measure_pair() {
 		"$BIN/brainbench" create "${BENCH_ARGS[@]}" --total "$((TOTAL / 2))" --resources "$RESOURCES" --json-out "${jsons[i]}" --quiet &
 		pids+=($!)
 	done
-	local failed=0
-	for i in 0 1; do wait "${pids[i]}" || failed=1; done
+	for i in 0 1; do wait "${pids[i]}" || true; done
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	b1=$(host_busy)
 	c1=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
 	t1=$(date +%s.%N)
 	for side in a b; do PREFIX=$base-$side stop_cluster "$kind" "$n" "-$side"; done
-	if ((failed)); then
-		say "$label: FAILED"
-		FAILED=1
-		return 0
-	fi
+	run_complete "$label" "$((TOTAL / 2 * 2))" "${jsons[@]}" || return 0
 	local thru
 	thru=$(for i in 0 1; do sed -n 's/.*"ops":\([0-9]*\).*"seconds":\([0-9.e+]*\).*/\1 \2/p' "${jsons[i]}" | tail -1; done | awk '{ o += $1; if ($2 > m) m = $2 } END { printf "%.1f", (m > 0 ? o / m : 0) }')
 	say "$label: $thru creates/s together"
