@@ -143,7 +143,35 @@ docker network create "$NET" >/dev/null
 
 # host_busy: jiffies the whole machine spent busy and in total so far
 # (/proc/stat), to tell whether a measurement saturated the host.
-host_busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9; exit }' /proc/stat; }
+# Then the busy jiffies split: user (with nice), system, irq and softirq,
+# steal (time the hypervisor gave to others), for host_report.
+host_busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9, $2+$3, $4, $7+$8, $9; exit }' /proc/stat; }
+
+# bench_cpu VAR: sets VAR to the CPU time in seconds this shell's
+# waited-for children (brainbench, curl) used so far. It must run in this
+# shell, not in $(...): a subshell starts with its children's count at
+# zero.
+bench_cpu() {
+	times >"$OUT/.times"
+	printf -v "$1" '%s' "$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } ; print s }' "$OUT/.times")"
+}
+
+# host_report BUSY_BEFORE BUSY_AFTER CPU_BEFORE CPU_AFTER BENCH_BEFORE
+# BENCH_AFTER OPS: the whole machine's CPU per operation, split as
+# /proc/stat splits it, next to what the nodes' cgroups were charged and
+# what brainbench used. What is in neither is kernel work done outside
+# the nodes' and brainbench's time (network processing run while a CPU
+# was otherwise idle, docker, the kernel's threads): if co-location made
+# the nodes pay for work that ran uncharged before, the nodes' share
+# rises while the host's total per operation does not.
+host_report() {
+	local nodes
+	nodes=$(join <(echo "$3") <(echo "$4") | awk '{ s += $5 - $2 } END { print s / 1000 }')
+	awk -v a="$1" -v b="$2" -v nodes="$nodes" -v b0="$5" -v b1="$6" -v ops="$7" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+		split(a, x, " "); split(b, y, " "); u = 1e6 / hz / ops
+		bench = (b1 - b0) * 1e6
+		printf "%.0f us of host CPU (user %.0f, system %.0f, irq %.0f, steal %.0f): nodes %.0f, brainbench %.0f, neither %.0f", (y[1] - x[1]) * u, (y[3] - x[3]) * u, (y[4] - x[4]) * u, (y[5] - x[5]) * u, (y[6] - x[6]) * u, nodes / ops, bench / ops, (y[1] - x[1]) * u - (y[6] - x[6]) * u - nodes / ops - bench / ops }'
+}
 
 # node_cpu KIND N: for every node of the cluster, "name usage_ns
 # throttled_periods periods" from its cgroup (v1 cpu,cpuacct or v2), to
@@ -334,11 +362,12 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
-	local b0 b1 c0 c1 t0 t1 io0 io1 w0="" w1
+	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
 	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
+	bench_cpu bc0
 	t0=$(date +%s.%N)
 	local profs=()
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
@@ -348,9 +377,11 @@ measure() {
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
 	io1=$(node_io "$kind" "$n")
+	bench_cpu bc1
 	t1=$(date +%s.%N)
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
+	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
 	if [[ -n $w0 ]]; then
 		w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
 		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$TOTAL")"
@@ -429,7 +460,7 @@ measure_pair() {
 		eps+=("$EPS")
 	done
 	say "$label: $WARMUP warm-up puts each, then $((TOTAL / 2)) creates each, at the same time"
-	local i pids=() jsons=() b0 b1 c0 c1 io0 io1 t0 t1
+	local i pids=() jsons=() b0 b1 c0 c1 io0 io1 bc0 bc1 t0 t1
 	for i in 0 1; do
 		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
 		"$BIN/brainbench" put "${BENCH_ARGS[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$RESOURCES" --quiet >/dev/null 2>&1 || true
@@ -437,6 +468,7 @@ measure_pair() {
 	b0=$(host_busy)
 	c0=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
+	bench_cpu bc0
 	t0=$(date +%s.%N)
 	local profs=()
 	for i in 0 1; do start_profiles "$kind" "$kind-2x$n$TAG-$((i + 1))" "${eps[i]}"; done
@@ -451,6 +483,7 @@ measure_pair() {
 	b1=$(host_busy)
 	c1=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io1=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
+	bench_cpu bc1
 	t1=$(date +%s.%N)
 	for side in a b; do PREFIX=$base-$side stop_cluster "$kind" "$n" "-$side"; done
 	run_complete "$label" "$((TOTAL / 2 * 2))" "${jsons[@]}" || return 0
@@ -459,6 +492,7 @@ measure_pair() {
 	say "$label: $thru creates/s together"
 	say "$label: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
 	say "$label: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
+	say "$label: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
 	say "$label: host CPU busy $(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')% during the creates"
 	record "$label" "$((2 * n))" "$thru"
 }
