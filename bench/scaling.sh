@@ -72,6 +72,12 @@ HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (repli
 # summary prints each round's ratios between sizes and their median.
 REPEAT=${REPEAT:-1}
 PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
+# >0: after each measurement's warm-up, the cluster sits this many
+# seconds without load and the CPU its nodes use meanwhile is reported:
+# background work (raft ticks and heartbeats, gossip, placement, feeds,
+# Pebble's compactions) takes that much of every node's share at that
+# size.
+IDLE=${IDLE:-0}
 # GOMAXPROCS of every node, brain's and etcd's: "auto" is the whole CPUs of
 # the share, at least 1; "go" is Go's default (which is at least 2 under a
 # CPU quota; in a 0.15 CPU quota both systems used 18-31% less CPU per
@@ -79,12 +85,12 @@ PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this ma
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
 
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP REPEAT PROFILE; do
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP REPEAT PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -347,6 +353,19 @@ record() {
 	printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$ROUND" "$3" >>"$OUT/rounds.tsv"
 }
 
+# idle_report KIND N LABEL: under --idle, the CPU every node of the
+# cluster uses in IDLE seconds without load.
+idle_report() {
+	((IDLE > 0)) || return 0
+	local c0 c1 t0 t1
+	c0=$(node_cpu "$1" "$2")
+	t0=$(date +%s.%N)
+	sleep "$IDLE"
+	c1=$(node_cpu "$1" "$2")
+	t1=$(date +%s.%N)
+	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+}
+
 # measure KIND N WORKLOAD RESOURCES: one create run; appends to results.
 measure() {
 	local kind=$1 n=$2 workload=$3 res=$4 json=$OUT/$1-$2-$3$TAG.json
@@ -362,6 +381,7 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
+	idle_report "$kind" "$n" "$kind, $n node(s), $workload"
 	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
 	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
 	b0=$(host_busy)
