@@ -172,7 +172,7 @@ bench_cpu() {
 # rises while the host's total per operation does not.
 host_report() {
 	local nodes
-	nodes=$(join <(echo "$3") <(echo "$4") | awk '{ s += $5 - $2 } END { print s / 1000 }')
+	nodes=$(($(nodes_cpu_ns "$3" "$4") / 1000))
 	awk -v a="$1" -v b="$2" -v nodes="$nodes" -v b0="$5" -v b1="$6" -v ops="$7" -v hz="$(getconf CLK_TCK)" 'BEGIN {
 		split(a, x, " "); split(b, y, " "); u = 1e6 / hz / ops
 		bench = (b1 - b0) * 1e6
@@ -195,11 +195,17 @@ node_cpu() {
 	done
 }
 
-# cpu_report BEFORE AFTER SECONDS: per node, the CPU it used as a share of
-# one CPU and the fraction of CFS periods it was throttled in.
+# cpu_report BEFORE AFTER T0 T1: per node, the CPU it used between
+# times T0 and T1 (date +%s.%N) as a share of one CPU and the fraction of
+# CFS periods it was throttled in.
 cpu_report() {
-	join <(echo "$1") <(echo "$2") | awk -v s="$3" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
+	join <(echo "$1") <(echo "$2") | awk -v s="$(awk -v a="$3" -v b="$4" 'BEGIN { print b - a }')" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
 }
+
+# nodes_cpu_ns BEFORE AFTER: the CPU time in ns all nodes used between two
+# node_cpu readings, as a whole number (mawk prints a plain "print" of
+# one above 2^31 as 1.2e+10, which shell arithmetic refuses).
+nodes_cpu_ns() { join <(echo "$1") <(echo "$2") | awk '{ s += $5 - $2 } END { printf "%.0f\n", s }'; }
 
 # node_io KIND N: "reads writes faults", the read and write system calls
 # (/proc/PID/io: sockets, files) and the minor page faults (/proc/PID/stat)
@@ -222,7 +228,7 @@ node_io() {
 # change's effect on the throughput is lost in the noise.
 per_create() {
 	local cpu
-	cpu=$(join <(echo "$1") <(echo "$2") | awk '{ s += $5 - $2 } END { print s }')
+	cpu=$(nodes_cpu_ns "$1" "$2")
 	awk -v cpu="$cpu" -v a="$3" -v b="$4" -v ops="$5" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		printf "%.0f us of node CPU, %.1f read and %.1f write system calls, %.1f page faults", cpu / 1000 / ops, (y[1] - x[1]) / ops, (y[2] - x[2]) / ops, (y[3] - x[3]) / ops }'
@@ -363,7 +369,7 @@ idle_report() {
 	sleep "$IDLE"
 	c1=$(node_cpu "$1" "$2")
 	t1=$(date +%s.%N)
-	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
 }
 
 # measure KIND N WORKLOAD RESOURCES: one create run; appends to results.
@@ -399,7 +405,7 @@ measure() {
 	io1=$(node_io "$kind" "$n")
 	bench_cpu bc1
 	t1=$(date +%s.%N)
-	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
 	if [[ -n $w0 ]]; then
@@ -510,7 +516,7 @@ measure_pair() {
 	local thru
 	thru=$(for i in 0 1; do sed -n 's/.*"ops":\([0-9]*\).*"seconds":\([0-9.e+]*\).*/\1 \2/p' "${jsons[i]}" | tail -1; done | awk '{ o += $1; if ($2 > m) m = $2 } END { printf "%.1f", (m > 0 ? o / m : 0) }')
 	say "$label: $thru creates/s together"
-	say "$label: nodes: $(cpu_report "$c0" "$c1" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")"
+	say "$label: nodes: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
 	say "$label: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	say "$label: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
 	say "$label: host CPU busy $(awk -v a="$b0" -v b="$b1" 'BEGIN { split(a, x, " "); split(b, y, " "); printf "%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2]) }')% during the creates"
