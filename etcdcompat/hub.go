@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brainkv/brain/internal/bugs"
@@ -17,10 +18,10 @@ import (
 
 // EventSource is what the hub needs from the store.
 type EventSource interface {
-	// RequestCloseSoon asks every partition to close revision rev, for
-	// the watch frontier: partitions whose leaders close it by themselves
-	// need not be asked.
-	RequestCloseSoon(rev int64)
+	// RequestCloseSoon asks every partition for which skip (if not nil)
+	// is false to close revision rev, for the watch frontier: partitions
+	// whose leaders close it by themselves need not be asked.
+	RequestCloseSoon(rev int64, skip func(id uint64) bool)
 	// CurrentRevision returns the TSO's current revision.
 	CurrentRevision() int64
 	// CompactRevision returns the compaction revision.
@@ -38,8 +39,9 @@ type HubConfig struct {
 	// events and 256 MiB.
 	RingEvents int
 	RingBytes  int
-	// IdleFeedsAfter is how long the hub keeps its feeds running without
-	// a watcher (see hubidle.go). 0 means 30s; negative, forever.
+	// IdleFeedsAfter is how long the hub keeps merging a partition no
+	// watch covers any more (see hubidle.go). 0 means 30s; negative,
+	// forever (every partition is always merged).
 	IdleFeedsAfter time.Duration
 	// AskAgainAfter is how long an event (or revisions a feed skipped)
 	// may wait for the frontier before the hub asks the partitions to
@@ -66,11 +68,27 @@ type HubConfig struct {
 type Hub struct {
 	cfg    HubConfig
 	src    EventSource
-	demand *feedDemand
+	gauges demandGauges
+	// merging is set while some partition is merged (not paused).
+	merging atomic.Bool
+	// pausedSet is a copy of mu.paused for readers without the lock
+	// (isPaused); never modified once stored.
+	pausedSet atomic.Pointer[map[uint64]bool]
 
 	mu struct {
 		sync.Mutex
 		closed map[uint64]int64 // per partition; protected by mu
+		// paused holds the partitions not merged: no watched range covers
+		// them (hubidle.go); the frontier does not wait for them.
+		paused map[uint64]bool // protected by mu
+		// spans holds each partition's key span as the hub first learned
+		// it (hubidle.go); protected by mu.
+		spans map[uint64]keyRange
+		// watched holds the ranges of the open watches, and of closed
+		// ones for IdleFeedsAfter; protected by mu.
+		watched map[keyRange]*rangeDemand
+		// demandChanged is closed when paused changes; protected by mu.
+		demandChanged chan struct{}
 		// seen holds, per partition, the revisions above its closed
 		// revision already taken (to drop duplicates); protected by mu.
 		seen       map[uint64]map[int64]struct{}
@@ -107,6 +125,9 @@ type Hub struct {
 	// duplicates counts events dropped because a resumed or starting
 	// feed subscription delivered them again.
 	duplicates prometheus.Counter
+	// pausedDrops counts events of paused partitions dropped below the
+	// frontier.
+	pausedDrops prometheus.Counter
 }
 
 // entry is one revision's events.
@@ -166,8 +187,14 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	if cfg.AskAgainAfter == 0 {
 		cfg.AskAgainAfter = time.Second
 	}
-	h := &Hub{cfg: cfg, src: src, demand: newFeedDemand(cfg.IdleFeedsAfter)}
+	h := &Hub{cfg: cfg, src: src, gauges: newDemandGauges()}
+	h.merging.Store(true)
 	h.mu.closed = make(map[uint64]int64)
+	h.mu.Lock()
+	// Under mu: a short IdleFeedsAfter can fire before initDemandLocked
+	// returns.
+	h.initDemandLocked()
+	h.mu.Unlock()
 	h.mu.seen = make(map[uint64]map[int64]struct{})
 	h.mu.changed = make(chan struct{})
 	h.lag = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -182,25 +209,31 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.encodes = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_event_encodes_total", Help: "Revisions encoded for a watch shape (once per revision and shape, shared by identical watches)."})
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
+	h.pausedDrops = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_paused_drops_total", Help: "Events of partitions this node had just stopped merging (no watch on it covers them) that its feed delivered before it stopped, below the watch frontier, and the hub dropped."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.demand.gauge, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, newHubCollector(h))
+		cfg.Registerer.MustRegister(h.lag, h.watchers, h.gauges.wanted, h.gauges.paused, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, h.pausedDrops, newHubCollector(h))
 	}
 	return h
 }
 
-// AddPartition registers a partition and a closed revision it has
-// certainly reached (0 when unknown, for a partition fed from another
-// node). Call for every partition before any publishes.
+// AddPartition registers a partition, its key span [start, end) (end
+// empty: unbounded) and a closed revision it has certainly reached (0
+// when unknown, for a partition fed from another node). Call for every
+// partition before any publishes.
 //
 // A partition split off another is added (by its parent's feeder) before
 // the parent's closed revision passes the split, so at or above the
 // frontier. One added below the frontier - at startup, or after feeds
 // idled, when no watcher was served past it - counts as closed at the
 // frontier, and the events below are read from the event logs. Adding a
-// known partition only raises its closed revision.
-func (h *Hub) AddPartition(id uint64, closed int64) {
+// known partition only raises its closed revision. A new partition is
+// merged only if a watched range covers it (hubidle.go).
+func (h *Hub) AddPartition(id uint64, start, end []byte, closed int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if _, ok := h.mu.spans[id]; !ok {
+		h.mu.spans[id] = keyRange{key: string(start), end: string(end)}
+	}
 	if c, ok := h.mu.closed[id]; ok {
 		if closed > c {
 			h.mu.closed[id] = closed
@@ -212,6 +245,7 @@ func (h *Hub) AddPartition(id uint64, closed int64) {
 		h.mu.closed[id] = closed
 		h.mu.frontier = closed
 		h.mu.ringStart = max(h.mu.ringStart, closed+1)
+		h.recomputeLocked()
 		return
 	}
 	if closed < h.mu.frontier {
@@ -219,6 +253,7 @@ func (h *Hub) AddPartition(id uint64, closed int64) {
 		h.mu.ringStart = max(h.mu.ringStart, h.mu.frontier+1)
 	}
 	h.mu.closed[id] = closed
+	h.recomputeLocked()
 }
 
 // SetHistoryStart tells the hub that every event with a revision >= rev
@@ -231,13 +266,23 @@ func (h *Hub) SetHistoryStart(rev int64) {
 	h.mu.ringStart = max(h.mu.ringStart, rev)
 }
 
+// minClosedLocked returns the lowest closed revision of the merged
+// partitions. With none merged no watch covers anything, and what the hub
+// holds (the events paused feeds delivered before they stopped, revisions
+// skipped) is released, so nothing waits for a frontier that cannot move.
 func (h *Hub) minClosedLocked() int64 {
 	first := true
 	var m int64
-	for _, c := range h.mu.closed {
+	for pid, c := range h.mu.closed {
+		if h.mu.paused[pid] {
+			continue
+		}
 		if first || c < m {
 			m, first = c, false
 		}
+	}
+	if first && len(h.mu.closed) > 0 {
+		return max(h.mu.frontier, h.mu.maxPending, h.mu.skipped)
 	}
 	return m
 }
@@ -246,15 +291,19 @@ func (h *Hub) minClosedLocked() int64 {
 // closed revision from its feed subscription. Subscriptions overlap when
 // they start or resume, so a revision may arrive twice; the hub keeps the
 // first and drops an event at or below the partition's closed revision
-// (it had it) or one it holds already.
+// (it had it) or one it holds already, and a paused partition's event at
+// or below the frontier (no watch covers it; see hubidle.go).
 func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	h.mu.Lock()
 	if evs.Rev != 0 {
 		seen := h.mu.seen[pid]
 		_, dup := seen[evs.Rev]
-		if dup || evs.Rev <= h.mu.closed[pid] || bugs.On("skip-watch-event") && evs.Rev%50 == 0 {
+		switch {
+		case h.mu.paused[pid] && evs.Rev <= h.mu.frontier:
+			h.pausedDrops.Inc()
+		case dup || evs.Rev <= h.mu.closed[pid] || bugs.On("skip-watch-event") && evs.Rev%50 == 0:
 			h.duplicates.Inc()
-		} else {
+		default:
 			// The frontier is at most the partition's closed revision, so
 			// a new event is above it.
 			invariant.Check(evs.Rev > h.mu.frontier,
@@ -274,16 +323,23 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	}
 	if closed > h.mu.closed[pid] {
 		h.mu.closed[pid] = closed
-		for r := range h.mu.seen[pid] {
-			if r <= closed {
-				delete(h.mu.seen[pid], r)
-			}
-		}
+		h.forgetSeenLocked(pid)
 	}
 	h.advanceLocked()
 	poke := h.pokeLocked()
 	h.mu.Unlock()
 	h.askToClose(poke, false)
+}
+
+// forgetSeenLocked drops the revisions of partition pid at or below its
+// closed revision from seen (they are dropped by that alone).
+func (h *Hub) forgetSeenLocked(pid uint64) {
+	c := h.mu.closed[pid]
+	for r := range h.mu.seen[pid] {
+		if r <= c {
+			delete(h.mu.seen[pid], r)
+		}
+	}
 }
 
 // waitingLocked returns the highest revision the frontier must reach to
@@ -327,11 +383,11 @@ func (h *Hub) pokeLocked() int64 {
 // to the current revision they know, and a forwarded request tells them
 // this node's.
 func (h *Hub) askToClose(rev int64, again bool) {
-	if wanted, _ := h.demand.get(); rev != 0 && wanted {
+	if rev != 0 && h.merging.Load() {
 		if again {
 			h.asksAgain.Inc()
 		}
-		h.src.RequestCloseSoon(rev)
+		h.src.RequestCloseSoon(rev, h.isPaused)
 	}
 }
 

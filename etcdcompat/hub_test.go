@@ -15,7 +15,7 @@ type nopSource struct {
 	closes []int64 // protected by mu
 }
 
-func (s *nopSource) RequestCloseSoon(rev int64) {
+func (s *nopSource) RequestCloseSoon(rev int64, _ func(uint64) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closes = append(s.closes, rev)
@@ -54,8 +54,8 @@ func TestHubReleasesInRevisionOrder(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{}, src)
 	h.SetSource(src)
-	h.AddPartition(1, 1)
-	h.AddPartition(2, 1)
+	h.AddPartition(1, nil, nil, 1)
+	h.AddPartition(2, nil, nil, 1)
 	h.Publish(1, evs(5, "a"), 3)
 	h.Publish(2, evs(4, "m"), 4)
 	if f, _ := h.Frontier(); f != 3 {
@@ -86,7 +86,7 @@ func TestHubReleasesInRevisionOrder(t *testing.T) {
 func TestHubEncodesOncePerShape(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{RingEvents: 2}, src)
-	h.AddPartition(1, 1)
+	h.AddPartition(1, nil, nil, 1)
 	for r := int64(2); r <= 6; r++ {
 		h.Publish(1, evs(r, "a"), r)
 	}
@@ -115,8 +115,8 @@ func TestHubEncodesOncePerShape(t *testing.T) {
 func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{}, src)
-	h.AddPartition(1, 0)
-	h.AddPartition(2, 0)
+	h.AddPartition(1, nil, nil, 0)
+	h.AddPartition(2, nil, nil, 0)
 	h.SetHistoryStart(3)
 	if got := h.ResumeFrom(1); got != 3 {
 		t.Fatalf("ResumeFrom before any feed: %d, want the history start 3", got)
@@ -159,8 +159,8 @@ func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 func TestHubAsksAgainWhileEventsWait(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{AskAgainAfter: 20 * time.Millisecond}, src)
-	h.AddPartition(1, 1)
-	h.AddPartition(2, 1)
+	h.AddPartition(1, nil, nil, 1)
+	h.AddPartition(2, nil, nil, 1)
 	h.Publish(1, evs(5, "a"), 5)
 	h.Publish(1, evs(7, "a"), 7)
 	deadline := time.Now().Add(10 * time.Second)
@@ -201,9 +201,9 @@ func TestHubAsksAgainWhileEventsWait(t *testing.T) {
 func TestHubAsksToCloseWhatAFeedSkipped(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{AskAgainAfter: 20 * time.Millisecond}, src)
-	h.AddPartition(1, 1)
-	h.AddPartition(2, 1)
-	h.watchAdded()
+	h.AddPartition(1, nil, nil, 1)
+	h.AddPartition(2, nil, nil, 1)
+	h.watchAdded([]byte("a"), []byte{})
 	h.Truncate(1, 5)
 	if got := src.asked(); len(got) != 1 || got[0] != 4 {
 		t.Fatalf("after partition 1's feed skipped to 5, asked to close %v, want [4]", got)

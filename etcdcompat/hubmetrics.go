@@ -26,7 +26,7 @@ func newHubCollector(h *Hub) *hubCollector {
 		frontier: prometheus.NewDesc("brain_watch_frontier_revision", "Revision up to which this node's watch hub has released events: every partition has closed it.", nil, nil),
 		held:     prometheus.NewDesc("brain_watch_held_revisions", "Revisions with events this node's watch hub holds until every partition closes them.", nil, nil),
 		oldest:   prometheus.NewDesc("brain_watch_oldest_held_seconds", "How long the oldest of what waits for the watch frontier (a held event, or revisions a feed skipped to the event logs) has waited (0 if nothing waits).", nil, nil),
-		closed:   prometheus.NewDesc("brain_watch_partition_closed_revision", "Closed revision of each partition as this node's watch hub has it from the partition's feed; the lowest is the frontier.", []string{"partition"}, nil),
+		closed:   prometheus.NewDesc("brain_watch_partition_closed_revision", "Closed revision of each partition as this node's watch hub has it from the partition's feed; the lowest of the partitions it merges (brain_watch_feeds_paused) is the frontier.", []string{"partition"}, nil),
 	}
 }
 

@@ -84,7 +84,9 @@ func (ws *watchServer) Watch(stream pb.Watch_WatchServer) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- sws.recvLoop() }()
 	err := sws.sendLoop(recvErr)
-	ws.s.hub.watchRemoved(len(sws.watchers))
+	for _, w := range sws.watchers {
+		ws.s.hub.watchRemoved(w.key, w.end)
+	}
 	return toGRPCError(err)
 }
 
@@ -209,9 +211,9 @@ func (sws *watchStream) handle(c control) error {
 	case *pb.WatchRequest_CancelRequest:
 		if uv.CancelRequest != nil {
 			id := uv.CancelRequest.WatchId
-			if _, ok := sws.watchers[id]; ok {
+			if w, ok := sws.watchers[id]; ok {
 				delete(sws.watchers, id)
-				sws.s.hub.watchRemoved(1)
+				sws.s.hub.watchRemoved(w.key, w.end)
 				return sws.send(&pb.WatchResponse{Header: sws.header(sws.s.currentRevision(sws.stream.Context())), WatchId: id, Canceled: true})
 			}
 		}
@@ -287,13 +289,15 @@ func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 		return err
 	}
 	sws.watchers[id] = w
-	sws.s.hub.watchAdded()
+	// Before the send loop reads the frontier: the partitions the watch
+	// covers are merged from here on.
+	sws.s.hub.watchAdded(w.key, w.end)
 	if frontier, _ := sws.s.hub.Frontier(); w.next <= cur && frontier < cur {
 		// A watch from the past is owed everything up to now. The hub asks
 		// idle partitions to close only for events it holds; after a
 		// restart, with no write since, nothing else would move the
 		// frontier past what the partitions had closed.
-		sws.s.hub.src.RequestCloseSoon(cur)
+		sws.s.hub.src.RequestCloseSoon(cur, sws.s.hub.isPaused)
 	}
 	return nil
 }
@@ -468,7 +472,7 @@ func (sws *watchStream) fellBehind(w *watcher, compact int64) error {
 
 func (sws *watchStream) compacted(w *watcher, compact int64) error {
 	delete(sws.watchers, w.id)
-	sws.s.hub.watchRemoved(1)
+	sws.s.hub.watchRemoved(w.key, w.end)
 	return sws.send(&pb.WatchResponse{Header: sws.header(0), WatchId: w.id, CompactRevision: compact, Canceled: true})
 }
 

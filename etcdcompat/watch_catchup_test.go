@@ -96,7 +96,7 @@ func catchupStream(t *testing.T, src *flakySource) (*watchStream, *watcher, *rec
 	t.Helper()
 	h := NewHub(HubConfig{}, src)
 	h.SetSource(src)
-	h.AddPartition(1, src.last)
+	h.AddPartition(1, nil, nil, src.last)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	rs := &recordingStream{ctx: ctx}

@@ -26,8 +26,13 @@ import (
 // removed, its node died, the stream broke) it resubscribes - locally if a
 // replica is here now, else on another node - from the closed revision the
 // hub holds, and the hub drops the events it already has. So a watch sees
-// no gap and no duplicate across any of these. Feeds run only while the
-// hub wants them (it has watchers; see etcdcompat's hubidle.go).
+// no gap and no duplicate across any of these. A partition's feed runs
+// only while the hub wants it (a watch on the node covers the partition;
+// see etcdcompat's hubidle.go); one that resumes starts at its source's
+// closed revision and leaves what it skipped to the event logs
+// (Truncate). A partition split off another is learned from its parent's
+// feed (which the hub merges while any watch meets the span the parent
+// had before it split), with the span it was created with.
 
 // FeedSink is what feeders deliver into (the watch hub).
 type FeedSink interface {
@@ -38,15 +43,16 @@ type FeedSink interface {
 	// Truncate says a partition's events below rev are compacted away or
 	// were skipped (they are in the event logs, not in the feed).
 	Truncate(pid uint64, rev int64)
-	// Wanted says whether feeds should run now (the sink has watchers),
-	// and returns a channel closed when that changes.
-	Wanted() (bool, <-chan struct{})
+	// Wanted says whether partition pid's feed should run now (a watch
+	// covers it), and returns a channel closed when the sink's demand
+	// next changes.
+	Wanted(pid uint64) (bool, <-chan struct{})
 	// AddPartition registers a partition created by a split, with the
-	// closed revision it started at; the sink must hold its parent's
-	// feed at or below that revision until it is called (feeders call it
-	// before delivering anything of a subscription that carries the
-	// split).
-	AddPartition(pid uint64, closed int64)
+	// span [start, end) and the closed revision it started at; the sink
+	// must hold its parent's feed at or below that revision until it is
+	// called (feeders call it before delivering anything of a
+	// subscription that carries the split).
+	AddPartition(pid uint64, start, end []byte, closed int64)
 }
 
 // FeedRequest opens a partition's feed from a revision. From < 0 asks for
@@ -407,7 +413,7 @@ func (s *Store) ensureFeeder(id uint64) {
 // that carried the records is delivered.
 func (s *Store) learnSplits(recs []partition.SplitRecord, sink FeedSink) {
 	for _, r := range recs {
-		sink.AddPartition(r.Child, r.Closed)
+		sink.AddPartition(r.Child, r.Key, r.End, r.Closed)
 		s.ensureFeeder(r.Child)
 	}
 }
@@ -425,7 +431,7 @@ func (s *Store) runFeeder(id uint64, sink FeedSink) {
 	var last uint64 // the node whose replica served last (remote)
 	skip := false   // resume at the source's closed revision (after idling)
 	for ctx.Err() == nil {
-		wanted, changed := sink.Wanted()
+		wanted, changed := sink.Wanted(id)
 		if !wanted {
 			skip = true
 			select {
@@ -437,10 +443,17 @@ func (s *Store) runFeeder(id uint64, sink FeedSink) {
 		}
 		fctx, fcancel := context.WithCancel(ctx)
 		go func() {
-			select {
-			case <-changed: // no longer wanted
-				fcancel()
-			case <-fctx.Done():
+			for {
+				select {
+				case <-changed:
+					var wanted bool
+					if wanted, changed = sink.Wanted(id); !wanted {
+						fcancel()
+						return
+					}
+				case <-fctx.Done():
+					return
+				}
 			}
 		}()
 		from := sink.ResumeFrom(id)

@@ -1162,13 +1162,16 @@ func (s *Store) RequestClose(rev int64) {
 	}
 }
 
-// RequestCloseSoon asks every partition to close rev, for the watch
-// frontier: a partition this node does not lead is asked only if its
-// leader does not close rev by itself (partition.CloseSoon), judged by the
-// closed revisions of the local follower replica or, without one, of the
-// partition's remote feed.
-func (s *Store) RequestCloseSoon(rev int64) {
+// RequestCloseSoon asks every partition but those skip names (nil: none)
+// to close rev, for the watch frontier: a partition this node does not
+// lead is asked only if its leader does not close rev by itself
+// (partition.CloseSoon), judged by the closed revisions of the local
+// follower replica or, without one, of the partition's remote feed.
+func (s *Store) RequestCloseSoon(rev int64, skip func(id uint64) bool) {
 	for _, rt := range s.table().routes {
+		if skip != nil && skip(rt.ID) {
+			continue
+		}
 		if l := rt.local(); l != nil {
 			l.RequestCloseSoon(rev)
 		} else {

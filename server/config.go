@@ -63,11 +63,12 @@ type Config struct {
 	// WatchProgressNotifyInterval (--watch-progress-notify-interval);
 	// default 10m.
 	WatchProgressNotifyInterval time.Duration
-	// WatchFeedsIdleAfter (--watch-feeds-idle-after): how long a node
-	// without watchers keeps merging every partition's events for watches
-	// that may come; after it the node stops receiving them (and stops
-	// asking partitions to close revisions for it) until a watch is
-	// created. Default 30s; negative: never stop.
+	// WatchFeedsIdleAfter (--watch-feeds-idle-after): a node merges the
+	// events of the partitions its watches cover; one no watch on the
+	// node has covered for this long (and, after start, every partition
+	// for this long) it stops receiving (and stops asking to close
+	// revisions for it) until a watch covers it again. Default 30s;
+	// negative: every partition is merged all the time.
 	WatchFeedsIdleAfter time.Duration
 	// Client TLS, with etcd's flags: https client URLs serve TLS with
 	// CertFile/KeyFile (--cert-file, --key-file); with ClientCertAuth

@@ -18,17 +18,7 @@ import (
 // feedsWanted reads the brain_watch_feeds_wanted gauge of a node.
 func feedsWanted(t *testing.T, s *server.Server) float64 {
 	t.Helper()
-	mfs, err := s.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "brain_watch_feeds_wanted" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no brain_watch_feeds_wanted metric")
-	return 0
+	return gaugeValue(t, s, "brain_watch_feeds_wanted")
 }
 
 // TestWatchAfterFeedsIdle: nodes without watchers stop their partition
@@ -38,23 +28,8 @@ func feedsWanted(t *testing.T, s *server.Server) float64 {
 // events of their range in revision order, with prev_kv, on every node.
 func TestWatchAfterFeedsIdle(t *testing.T) {
 	c, ctx, c1 := startServing(t, 4, server.Config{WatchFeedsIdleAfter: 300 * time.Millisecond}, 120*time.Second)
-	type write struct {
-		key, val string
-		rev      int64
-	}
 	var writes []write
-	put := func(round int) {
-		for i := 0; i < 10; i++ {
-			for _, k := range memberKeys {
-				key, val := fmt.Sprintf("%s/%d", k, i), fmt.Sprint(round)
-				r, err := c1.Put(ctx, key, val)
-				if err != nil {
-					t.Fatal(err)
-				}
-				writes = append(writes, write{key, val, r.Header.Revision})
-			}
-		}
-	}
+	put := func(round int) { writes = putRound(t, ctx, c1, round, writes) }
 	put(0)
 	first := writes[0].rev
 	for i, n := range c.Nodes {
@@ -77,24 +52,11 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 			cl = testutil.Client(t, c.Endpoint(i))
 			from[i] = first
 		}
-		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV()}
 		if from[i] != 0 {
 			opts = append(opts, clientv3.WithRev(from[i]))
 		}
-		// Right after start a node may answer "no leader" while its meta
-		// replica has not heard its leader yet; clients (kube-apiserver)
-		// open the watch again.
-		for attempt := 0; ; attempt++ {
-			chans[i] = cl.Watch(wctx, "", opts...)
-			wr := <-chans[i]
-			if wr.Created {
-				break
-			}
-			if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
-				t.Fatalf("node %d: watch not created: %v", i+1, wr.Err())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		chans[i] = watchCreated(t, wctx, cl, "", opts...)
 	}
 	nowFrom := len(writes)
 	put(2)
@@ -113,32 +75,7 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 		for _, w := range writes[:len(writes)-len(want)] {
 			prev[w.key] = w.val
 		}
-		got := 0
-		for got < len(want) {
-			var wr clientv3.WatchResponse
-			select {
-			case wr = <-ch:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("node %d: %d of %d events, then nothing for 20s", i+1, got, len(want))
-			}
-			if err := wr.Err(); err != nil {
-				t.Fatalf("node %d: watch: %v", i+1, err)
-			}
-			for _, ev := range wr.Events {
-				if got == len(want) {
-					t.Fatalf("node %d: unexpected event %q at %d", i+1, ev.Kv.Key, ev.Kv.ModRevision)
-				}
-				w := want[got]
-				if string(ev.Kv.Key) != w.key || string(ev.Kv.Value) != w.val || ev.Kv.ModRevision != w.rev {
-					t.Fatalf("node %d: event %d is %q=%q at %d, want %q=%q at %d", i+1, got, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision, w.key, w.val, w.rev)
-				}
-				if p, ok := prev[w.key]; ok != (ev.PrevKv != nil) || ok && string(ev.PrevKv.Value) != p {
-					t.Fatalf("node %d: event %d (%q at %d) prev_kv %v, want %q", i+1, got, w.key, w.rev, ev.PrevKv, p)
-				}
-				prev[w.key] = w.val
-				got++
-			}
-		}
+		expectEvents(t, fmt.Sprintf("node %d", i+1), ch, want, prev)
 	}
 	// Every node lacks partitions here, so events reached hubs through
 	// other nodes' feeds, and the nodes that served them counted them.
@@ -149,6 +86,159 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 	if sent == 0 {
 		t.Error("brain_feed_messages_sent_total{kind=\"events\"} is 0 on every node")
 	}
+}
+
+// watchCreated opens a watch on key and waits for its created response.
+// Right after start a node may answer "no leader" while its meta replica
+// has not heard its leader yet; clients (kube-apiserver) open the watch
+// again, and so does watchCreated.
+func watchCreated(t *testing.T, ctx context.Context, cl *clientv3.Client, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	t.Helper()
+	opts = append(opts, clientv3.WithCreatedNotify())
+	for attempt := 0; ; attempt++ {
+		ch := cl.Watch(ctx, key, opts...)
+		wr := <-ch
+		if wr.Created {
+			return ch
+		}
+		if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
+			t.Fatalf("watch on %q not created: %v", key, wr.Err())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// write is a put and the revision it got.
+type write struct {
+	key, val string
+	rev      int64
+}
+
+// putRound puts 10 keys under each of memberKeys (one partition each)
+// with the value round, and appends them to writes.
+func putRound(t *testing.T, ctx context.Context, cl *clientv3.Client, round int, writes []write) []write {
+	t.Helper()
+	for i := 0; i < 10; i++ {
+		for _, k := range memberKeys {
+			key, val := fmt.Sprintf("%s/%d", k, i), fmt.Sprint(round)
+			r, err := cl.Put(ctx, key, val)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writes = append(writes, write{key, val, r.Header.Revision})
+		}
+	}
+	return writes
+}
+
+// expectEvents reads ch until it delivered want, failing on any other
+// event, a missing or wrong prev_kv (prev holds each key's value before
+// want), or 20s without one.
+func expectEvents(t *testing.T, what string, ch clientv3.WatchChan, want []write, prev map[string]string) {
+	t.Helper()
+	got := 0
+	for got < len(want) {
+		var wr clientv3.WatchResponse
+		select {
+		case wr = <-ch:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: %d of %d events, then nothing for 20s", what, got, len(want))
+		}
+		if err := wr.Err(); err != nil {
+			t.Fatalf("%s: watch: %v", what, err)
+		}
+		for _, ev := range wr.Events {
+			if got == len(want) {
+				t.Fatalf("%s: unexpected event %q at %d", what, ev.Kv.Key, ev.Kv.ModRevision)
+			}
+			w := want[got]
+			if string(ev.Kv.Key) != w.key || string(ev.Kv.Value) != w.val || ev.Kv.ModRevision != w.rev {
+				t.Fatalf("%s: event %d is %q=%q at %d, want %q=%q at %d", what, got, ev.Kv.Key, ev.Kv.Value, ev.Kv.ModRevision, w.key, w.val, w.rev)
+			}
+			if p, ok := prev[w.key]; ok != (ev.PrevKv != nil) || ok && string(ev.PrevKv.Value) != p {
+				t.Fatalf("%s: event %d (%q at %d) prev_kv %v, want %q", what, got, w.key, w.rev, ev.PrevKv, p)
+			}
+			prev[w.key] = w.val
+			got++
+		}
+	}
+}
+
+// TestWatchesOnSomeKeys: a node merges only the partitions its watches
+// cover, and a watch opened later on others - from a revision before the
+// node paused them, through the pause, to after - gets exactly the events
+// of its range in revision order, as does one on every key; the first
+// watch misses nothing meanwhile. Four nodes, so the node fetches some
+// partitions from other nodes.
+func TestWatchesOnSomeKeys(t *testing.T) {
+	c, ctx, c1 := startServing(t, 4, server.Config{WatchFeedsIdleAfter: 300 * time.Millisecond}, 120*time.Second)
+	n2 := c.Nodes[1]
+	var writes []write
+	writes = putRound(t, ctx, c1, 0, writes)
+	first := writes[0].rev
+	eventually(t, 10*time.Second, "node 2 idles its feeds", func() (bool, string) {
+		v := feedsWanted(t, n2)
+		return v == 0, fmt.Sprint("brain_watch_feeds_wanted ", v)
+	})
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	cl := testutil.Client(t, c.Endpoint(1))
+	// memberKeys "a", "d", "n", "u": one partition each.
+	aFrom := len(writes)
+	aWatch := watchCreated(t, wctx, cl, "a", clientv3.WithPrefix(), clientv3.WithPrevKV())
+	writes = putRound(t, ctx, c1, 1, writes)
+	if v := feedsWanted(t, n2); v != 1 {
+		t.Errorf("brain_watch_feeds_wanted %v with a watch open", v)
+	}
+	if v := gaugeValue(t, n2, "brain_watch_feeds_paused"); v != 3 {
+		t.Errorf("brain_watch_feeds_paused %v with a watch on one of four partitions, want 3", v)
+	}
+	nWatch := watchCreated(t, wctx, cl, "n", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(first))
+	// From a revision the paused partition applied after the node had
+	// resumed partition "a" (the ring's start then moved past round 0):
+	// the ring, not the event logs, holds the other partitions' events
+	// from there, but not the paused one's.
+	pausedFrom := aFrom + 5*len(memberKeys) + 2 // "n/5" of round 1
+	nPaused := watchCreated(t, wctx, cl, "n", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(writes[pausedFrom].rev))
+	allWatch := watchCreated(t, wctx, cl, "", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(first))
+	writes = putRound(t, ctx, c1, 2, writes)
+
+	under := func(prefix string, ws []write) []write {
+		var out []write
+		for _, w := range ws {
+			if strings.HasPrefix(w.key, prefix) {
+				out = append(out, w)
+			}
+		}
+		return out
+	}
+	prevOf := func(ws []write) map[string]string {
+		prev := map[string]string{}
+		for _, w := range ws {
+			prev[w.key] = w.val
+		}
+		return prev
+	}
+	expectEvents(t, "watch on a from now", aWatch, under("a", writes[aFrom:]), prevOf(writes[:aFrom]))
+	expectEvents(t, "watch on n from the first write", nWatch, under("n", writes), map[string]string{})
+	expectEvents(t, "watch on n from a paused revision", nPaused, under("n", writes[pausedFrom:]), prevOf(writes[:pausedFrom]))
+	expectEvents(t, "watch on everything from the first write", allWatch, writes, map[string]string{})
+}
+
+// gaugeValue reads a node's gauge (without labels).
+func gaugeValue(t *testing.T, s *server.Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no %s metric", name)
+	return 0
 }
 
 // counterValue reads a node's counter with the given label value (any
@@ -191,18 +281,7 @@ func TestWatchWithIdleLeaders(t *testing.T) {
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	var wch clientv3.WatchChan
-	for attempt := 0; ; attempt++ {
-		wch = c1.Watch(wctx, "", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-		wr := <-wch
-		if wr.Created {
-			break
-		}
-		if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
-			t.Fatalf("watch not created: %v", wr.Err())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	wch := watchCreated(t, wctx, c1, "", clientv3.WithPrefix())
 	for round := 0; round < 3; round++ {
 		for _, k := range memberKeys {
 			key := fmt.Sprintf("%s/idle-%d", k, round)

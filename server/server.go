@@ -287,7 +287,7 @@ func (s *Server) open() error {
 		if p := s.parts[rt.ID]; p != nil {
 			closed = p.Closed()
 		}
-		s.hub.AddPartition(rt.ID, closed)
+		s.hub.AddPartition(rt.ID, rt.Start, rt.End, closed)
 	}
 	s.quota = newQuota(db, s.id.MemberID, cfg.QuotaBackendBytes)
 	if s.store, err = kvapi.NewStore(kvapi.Config{
