@@ -27,10 +27,14 @@ type Config struct {
 	// under the prefix (as generated pod names do), not at its end, and
 	// every group's keys spread over the same range.
 	HashedNames bool
-	Keys        int           // key space size for update, put, list and watch
-	Seed        int64         // seeds the per-worker random generators
-	PageSize    int           // list: keys per page
-	OpTimeout   time.Duration // deadline of one operation
+	// ResourceWatchers (--resource-watchers): watches per resource of
+	// Resources kept open while create, update and put run, as each
+	// kube-apiserver keeps one per resource.
+	ResourceWatchers int
+	Keys             int           // key space size for update, put, list and watch
+	Seed             int64         // seeds the per-worker random generators
+	PageSize         int           // list: keys per page
+	OpTimeout        time.Duration // deadline of one operation
 	// MaxRetries bounds the conflict retries of one update (kube retries
 	// forever; a bound keeps the benchmark finite).
 	MaxRetries int
@@ -96,6 +100,10 @@ func (c *Config) validate() error {
 		return errors.New("--page-size must be at least 1")
 	case c.OpTimeout <= 0:
 		return errors.New("--op-timeout must be positive")
+	case c.ResourceWatchers < 0:
+		return errors.New("--resource-watchers must not be negative")
+	case c.ResourceWatchers > 0 && len(c.Resources) == 0:
+		return errors.New("--resource-watchers needs --resources")
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -93,10 +94,30 @@ func runKV(ctx context.Context, name string, cfg Config, pre *populate, op opFun
 			return Result{}, err
 		}
 	}
+	var rw *resourceWatches
+	if cfg.ResourceWatchers > 0 {
+		if rw, err = openResourceWatches(ctx, cfg); err != nil {
+			return Result{}, err
+		}
+	}
 	s := runLoad(ctx, name, cfg, p, op, nil)
 	r := newResult(name, cfg, &s)
+	if rw != nil {
+		// Every successful write is an event for each watch of its
+		// resource; a failed one may have been applied too.
+		want := s.ops * int64(cfg.ResourceWatchers)
+		got, err := rw.finish(want, resourceWatchDrain)
+		r.ResourceWatches = &ResourceWatchStats{Watches: cfg.ResourceWatchers * len(cfg.Resources), Events: got, Want: want}
+		if err != nil {
+			r.ResourceWatches.FirstError = err.Error()
+		}
+	}
 	return r, ctx.Err()
 }
+
+// resourceWatchDrain bounds the wait for the resource watches' last
+// events after the load.
+const resourceWatchDrain = 30 * time.Second
 
 // fill puts keys 0..pre.n-1 of pre.group with all workers; any failure
 // aborts the benchmark.

@@ -81,6 +81,7 @@ func addCommonFlags(cmd *cobra.Command, cfg *Config, out *output, d defaults) {
 	f.IntVar(&cfg.ValueSize, "value-size", cfg.ValueSize, "value size in bytes")
 	f.StringVar(&cfg.KeyPrefix, "key-prefix", cfg.KeyPrefix, "prefix of every key written")
 	f.StringSliceVar(&cfg.Resources, "resources", nil, "spread the keys of create, update and put over /registry/<resource>/bench/ for these resources (e.g. configmaps,events,leases,pods), as kube writes many resources; list and watch keep --key-prefix")
+	f.IntVar(&cfg.ResourceWatchers, "resource-watchers", 0, "while create, update and put run, keep this many watches open on each resource's prefix (/registry/<resource>/), each on one endpoint, spread over them, as kube-apiservers do (one per apiserver); reports the events they received")
 	f.BoolVar(&cfg.HashedNames, "hashed-names", false, "name the keys of create, update and put by a scramble of their number, so writes land anywhere under the prefix (as generated object names do) rather than at its end")
 	f.IntVar(&cfg.Keys, "keys", d.keys, "key space size")
 	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")

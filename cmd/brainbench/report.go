@@ -35,6 +35,12 @@ func printDetails(out io.Writer, r *Result) {
 	if r.KeysPerList > 0 {
 		fmt.Fprintf(out, "%s: %d keys in %d pages per list (%.0f keys/s)\n", r.Name, r.KeysPerList, r.Pages, r.Throughput*float64(r.KeysPerList))
 	}
+	if w := r.ResourceWatches; w != nil {
+		fmt.Fprintf(out, "%s: %d resource watches received %d events (%d expected)\n", r.Name, w.Watches, w.Events, w.Want)
+		if w.FirstError != "" {
+			fmt.Fprintf(out, "%s: resource watch failed: %s\n", r.Name, w.FirstError)
+		}
+	}
 	if w := r.Watch; w != nil {
 		fmt.Fprintf(out, "%s: %d watchers, %d writes (%d failed) at %.0f/s (target %d/s), write p99 %.2f ms\n",
 			r.Name, w.Watchers, w.Writes, w.WriteErrors, w.WriteRate, w.TargetRate, w.WriteP99)

@@ -37,6 +37,20 @@ type Result struct {
 	Pages       int64 `json:"pages_per_list,omitempty"`
 
 	Watch *WatchStats `json:"watch,omitempty"`
+	// ResourceWatches: the watches kube-apiservers keep open while they
+	// write (--resource-watchers).
+	ResourceWatches *ResourceWatchStats `json:"resource_watches,omitempty"`
+}
+
+// ResourceWatchStats are what the resource watches received.
+type ResourceWatchStats struct {
+	Watches int `json:"watches"`
+	// Events were delivered, summed over the watches; Want is one per
+	// successful write and watch of its resource (failed writes may add
+	// more).
+	Events     int64  `json:"events"`
+	Want       int64  `json:"want"`
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // WatchStats are the watch benchmark's extra figures.
