@@ -58,10 +58,16 @@ SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
 SEED=${SEED:-1}
 HASHED=${HASHED:-1}               # 1: brainbench --hashed-names (writes anywhere under a prefix, as generated names)
-# Extra brainnode flags. Watch feeds stay active, as they are behind a
-# kube-apiserver (its watches never close); without watchers a node would
-# stop merging events 30 s after start, part-way through a run.
-BRAIN_FLAGS=${BRAIN_FLAGS:---log-level warn --watch-feeds-idle-after -1s}
+# Watches per resource open while brainbench writes (brainbench
+# --resource-watchers), each on its resource's prefix, on one node, spread
+# over the nodes: one per kube-apiserver, as each keeps a watch per
+# resource. Both systems serve them. 0: none.
+RESOURCE_WATCHERS=${RESOURCE_WATCHERS:-1}
+# Extra brainnode flags. The default: with resource watches, a node merges
+# only the partitions they cover on it, from 5 s after its start (it
+# merges every partition until then); without, every node merges every
+# partition all the time, as a node would with watches on every key.
+BRAIN_FLAGS=${BRAIN_FLAGS:-}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
@@ -85,12 +91,19 @@ IDLE=${IDLE:-0}
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
 
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP REPEAT PROFILE IDLE; do
+if [[ -z $BRAIN_FLAGS ]]; then
+	if [[ $RESOURCE_WATCHERS == 0 ]]; then
+		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after -1s"
+	else
+		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
+	fi
+fi
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS REPEAT PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -351,6 +364,7 @@ clients_for() {
 bench_args() {
 	BENCH_ARGS=(--endpoints "$1" --clients "$2" --conns "$3" --value-size "$VALUE_SIZE" --seed "$SEED")
 	[[ $HASHED == 1 ]] && BENCH_ARGS+=(--hashed-names)
+	((RESOURCE_WATCHERS == 0)) || BENCH_ARGS+=(--resource-watchers "$RESOURCE_WATCHERS")
 	return 0
 }
 
@@ -400,6 +414,7 @@ measure() {
 	"$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json" || true
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json" || return 0
+	watch_report "$kind, $n node(s), $workload" "$json"
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
 	io1=$(node_io "$kind" "$n")
@@ -454,6 +469,26 @@ run_complete() {
 	if ((errs > 0)); then
 		say "$label: WARNING: $errs of $total creates failed ($first); creates/s counts the $ops that succeeded"
 		ERRORS+=("$label: $errs failed creates")
+	fi
+}
+
+# watch_report LABEL JSON...: under --resource-watchers, the events the
+# brainbench runs' resource watches received against the expected ones
+# (one per successful create and watch); fewer is a WARNING.
+watch_report() {
+	((RESOURCE_WATCHERS > 0)) || return 0
+	local label=$1 got=0 want=0 g w j err=""
+	shift
+	for j in "$@"; do
+		g=$(sed -n 's/.*"resource_watches":{[^}]*"events":\([0-9]*\).*/\1/p' "$j" | tail -1)
+		w=$(sed -n 's/.*"resource_watches":{[^}]*"want":\([0-9]*\).*/\1/p' "$j" | tail -1)
+		[[ -n $err ]] || err=$(sed -n 's/.*"resource_watches":{[^}]*"first_error":"\([^"]*\)".*/\1/p' "$j" | tail -1)
+		got=$((got + ${g:-0})) want=$((want + ${w:-0}))
+	done
+	say "$label: resource watches received $got of $want events${err:+ (first error: $err)}"
+	if ((got < want)) || [[ -n $err ]]; then
+		say "$label: WARNING: resource watches missed events"
+		ERRORS+=("$label: resource watches received $got of $want events")
 	fi
 }
 
@@ -513,6 +548,7 @@ measure_pair() {
 	t1=$(date +%s.%N)
 	for side in a b; do PREFIX=$base-$side stop_cluster "$kind" "$n" "-$side"; done
 	run_complete "$label" "$((TOTAL / 2 * 2))" "${jsons[@]}" || return 0
+	watch_report "$label" "${jsons[@]}"
 	local thru
 	thru=$(for i in 0 1; do sed -n 's/.*"ops":\([0-9]*\).*"seconds":\([0-9.e+]*\).*/\1 \2/p' "${jsons[i]}" | tail -1; done | awk '{ o += $1; if ($2 > m) m = $2 } END { printf "%.1f", (m > 0 ? o / m : 0) }')
 	say "$label: $thru creates/s together"
@@ -529,7 +565,7 @@ ROUNDS_DESC=""
 ((REPEAT > 1)) && ROUNDS_DESC=", median of $REPEAT rounds"
 printf '# system\tnodes\tcreates/s (%s CPU per node, %s, %s B values%s)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" "$ROUNDS_DESC" >"$OUT/results.tsv"
 printf '# system\tnodes\tround\tcreates/s (%s CPU per node, %s, %s B values)\n' "$CPUS" "$CLIENTS_DESC" "$VALUE_SIZE" >"$OUT/rounds.tsv"
-say "sizes: $SIZES; $CLIENTS_DESC; $REPEAT round(s); $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; results in $OUT"
+say "sizes: $SIZES; $CLIENTS_DESC; $REPEAT round(s); $CPUS CPU, GOMAXPROCS ${GOMAXPROCS_NODES:-as Go defaults} and $MEMORY per node; $(nproc) CPUs on this machine; $RESOURCE_WATCHERS watch(es) per resource; results in $OUT"
 for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 	TAG="" # file name suffix of this round's JSON, metrics and profiles
 	if ((REPEAT > 1)); then
