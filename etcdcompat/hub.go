@@ -69,11 +69,9 @@ type Hub struct {
 	cfg    HubConfig
 	src    EventSource
 	gauges demandGauges
-	// merging is set while some partition is merged (not paused).
-	merging atomic.Bool
-	// pausedSet is a copy of mu.paused for readers without the lock
-	// (isPaused); never modified once stored.
-	pausedSet atomic.Pointer[map[uint64]bool]
+	// view is mu's demand for readers without the lock (askToClose,
+	// isPaused); replaced, never modified, when the demand changes.
+	view atomic.Pointer[demandView]
 
 	mu struct {
 		sync.Mutex
@@ -188,7 +186,7 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 		cfg.AskAgainAfter = time.Second
 	}
 	h := &Hub{cfg: cfg, src: src, gauges: newDemandGauges()}
-	h.merging.Store(true)
+	h.view.Store(&demandView{merging: true})
 	h.mu.closed = make(map[uint64]int64)
 	h.mu.Lock()
 	// Under mu: a short IdleFeedsAfter can fire before initDemandLocked
@@ -383,7 +381,7 @@ func (h *Hub) pokeLocked() int64 {
 // to the current revision they know, and a forwarded request tells them
 // this node's.
 func (h *Hub) askToClose(rev int64, again bool) {
-	if rev != 0 && h.merging.Load() {
+	if rev != 0 && h.view.Load().merging {
 		if again {
 			h.asksAgain.Inc()
 		}

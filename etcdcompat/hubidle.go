@@ -1,6 +1,7 @@
 package etcdcompat
 
 import (
+	"maps"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,9 +39,10 @@ import (
 // split, and a watch on the child's keys keeps the parent merged, which is
 // also how the hub learns of children split off while their parent was
 // paused (the parent's resumed feed carries the split records before any
-// of its events). A hub starts with every partition merged (a node's first watchers, kube-apiserver's, come right after it
-// starts; the whole key space counts as watched until IdleFeedsAfter);
-// with IdleFeedsAfter < 0 no partition is ever paused.
+// of its events). A hub starts with every partition merged (a node's
+// first watchers, kube-apiserver's, come right after it starts; the whole
+// key space counts as watched until IdleFeedsAfter); with IdleFeedsAfter
+// < 0 no partition is ever paused.
 
 // keyRange is a watched range: [key, end), end "" unbounded.
 type keyRange struct{ key, end string }
@@ -48,13 +50,18 @@ type keyRange struct{ key, end string }
 // everything is the whole key space.
 var everything = keyRange{}
 
+// rangeOf is a watch's range (end nil: one key; empty: unbounded).
 func rangeOf(key, end []byte) keyRange {
-	switch {
-	case end == nil: // one key
+	if end == nil {
 		return keyRange{key: string(key), end: string(key) + "\x00"}
-	default:
-		return keyRange{key: string(key), end: string(end)}
 	}
+	return keyRange{key: string(key), end: string(end)}
+}
+
+// demandView is a snapshot of which partitions are paused.
+type demandView struct {
+	paused  map[uint64]bool
+	merging bool // some partition is merged
 }
 
 // overlaps reports whether r and o share a key.
@@ -186,19 +193,14 @@ func (h *Hub) recomputeLocked() {
 	if !changed {
 		return
 	}
-	n := len(h.mu.paused)
-	h.gauges.paused.Set(float64(n))
-	if n < len(h.mu.closed) {
+	v := &demandView{paused: maps.Clone(h.mu.paused), merging: len(h.mu.paused) < len(h.mu.closed)}
+	h.view.Store(v)
+	h.gauges.paused.Set(float64(len(v.paused)))
+	if v.merging {
 		h.gauges.wanted.Set(1)
 	} else {
 		h.gauges.wanted.Set(0)
 	}
-	h.merging.Store(n < len(h.mu.closed))
-	set := make(map[uint64]bool, n)
-	for pid := range h.mu.paused {
-		set[pid] = true
-	}
-	h.pausedSet.Store(&set)
 	close(h.mu.demandChanged)
 	h.mu.demandChanged = make(chan struct{})
 	h.advanceLocked()
@@ -206,10 +208,7 @@ func (h *Hub) recomputeLocked() {
 
 // isPaused reports whether partition pid is paused, without the hub's
 // lock: close requests for the frontier skip paused partitions.
-func (h *Hub) isPaused(pid uint64) bool {
-	set := h.pausedSet.Load()
-	return set != nil && (*set)[pid]
-}
+func (h *Hub) isPaused(pid uint64) bool { return h.view.Load().paused[pid] }
 
 // Wanted reports whether partition pid's feed into the hub should run,
 // and returns a channel closed when the hub's demand next changes.
