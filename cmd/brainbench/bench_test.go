@@ -58,6 +58,19 @@ func runAllBenchmarks(t *testing.T, endpoint string) {
 		}
 		checkResult(t, r, cfg.Total)
 	})
+	t.Run("create with resource watches", func(t *testing.T) {
+		c := cfg
+		c.Resources, c.ResourceWatchers = []string{"pods", "events"}, 2
+		r, err := RunCreate(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, c.Total)
+		w := r.ResourceWatches
+		if w == nil || w.Watches != 4 || w.Want != 2*c.Total || w.Events != w.Want || w.FirstError != "" {
+			t.Fatalf("resource watches %+v, want 4 watches receiving %d events without error", w, 2*c.Total)
+		}
+	})
 	t.Run("update", func(t *testing.T) {
 		r, err := RunUpdate(ctx, cfg)
 		if err != nil {
