@@ -109,6 +109,10 @@ type Config struct {
 	// and the meta group have (fewer if the cluster has fewer members);
 	// default 3.
 	Replicas int
+	// Placement (--placement) is how partitions' replicas are laid out
+	// over the members: "copysets" (default) or "ring" (see placement.go);
+	// fixed when the cluster is created.
+	Placement string
 	// GossipAddr (--gossip-addr) is the host:port memberlist gossips on;
 	// default: the first peer listen URL's host, its port + 1. Other
 	// members' gossip addresses follow the same rule from their peer URLs.
@@ -242,6 +246,9 @@ func (c *Config) EnsureDefaults() {
 	if c.Replicas == 0 {
 		c.Replicas = 3
 	}
+	if c.Placement == "" {
+		c.Placement = PlacementCopysets
+	}
 	if c.LeaderBalanceInterval == 0 {
 		c.LeaderBalanceInterval = 5 * time.Second
 	}
@@ -359,6 +366,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Replicas < 1 {
 		errs = append(errs, fmt.Errorf("--replicas must be at least 1"))
+	}
+	if c.Placement != PlacementCopysets && c.Placement != PlacementRing {
+		errs = append(errs, fmt.Errorf("--placement must be %q or %q, not %q", PlacementCopysets, PlacementRing, c.Placement))
 	}
 	if c.Join != "" {
 		if _, err := listenAddr(c.Join); err != nil {

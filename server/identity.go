@@ -24,12 +24,23 @@ type identity struct {
 	Members []member `json:"members"`
 	// Replicas is the replication factor the groups were created with.
 	Replicas int `json:"replicas"`
+	// Placement is the placement scheme (Config.Placement); empty in a
+	// store created before schemes existed, which means ring.
+	Placement string `json:"placement,omitempty"`
 	// Bootstrapped: the groups the initial placement gave this node exist
 	// (or it joined a running cluster and bootstraps none).
 	Bootstrapped bool `json:"bootstrapped,omitempty"`
 	// JoinedAt is the cluster's revision when this node joined it (0 for
 	// an initial member): its watch feeds start after it.
 	JoinedAt int64 `json:"joined_at,omitempty"`
+}
+
+// placement returns the cluster's placement scheme.
+func (id *identity) placement() string {
+	if id.Placement == "" {
+		return PlacementRing
+	}
+	return id.Placement
 }
 
 type member struct {

@@ -169,6 +169,7 @@ type clusterInfo struct {
 	ClusterID   uint64   `json:"cluster_id"`
 	SplitPoints []string `json:"split_points"`
 	Replicas    int      `json:"replicas"`
+	Placement   string   `json:"placement,omitempty"`
 	Initial     []member `json:"initial"`
 	Members     []member `json:"members"`
 	// Revision is the cluster's revision when asked.
@@ -189,7 +190,7 @@ func (s *Server) clusterInfo() ([]byte, error) {
 	}
 	return json.Marshal(clusterInfo{
 		ClusterID: s.id.ClusterID, SplitPoints: s.id.SplitPoints, Replicas: s.id.Replicas,
-		Initial: s.id.Members, Members: s.clusterMembers(), Revision: rev,
+		Placement: s.id.Placement, Initial: s.id.Members, Members: s.clusterMembers(), Revision: rev,
 	})
 }
 
@@ -260,7 +261,7 @@ func (s *Server) joinIdentity() (*identity, error) {
 	id := &identity{
 		Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, ClusterID: info.ClusterID,
 		SplitPoints: info.SplitPoints, Members: info.Initial, Replicas: info.Replicas,
-		Bootstrapped: true, JoinedAt: info.Revision,
+		Placement: info.Placement, Bootstrapped: true, JoinedAt: info.Revision,
 	}
 	for _, m := range info.Members {
 		for _, u := range m.PeerURLs {

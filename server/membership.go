@@ -53,6 +53,7 @@ func (s *Server) loadOrCreateIdentity() error {
 		SplitPoints: append([]string(nil), cfg.InitialSplitPoints...),
 		Members:     members,
 		Replicas:    cfg.Replicas,
+		Placement:   cfg.Placement,
 	}
 	id.MemberID = memberID(id.PeerURLs, cfg.InitialClusterToken)
 	found := false
@@ -73,7 +74,7 @@ func (s *Server) loadOrCreateIdentity() error {
 		return err
 	}
 	s.id = id
-	s.log.Info("created a new store", "data-dir", cfg.DataDir, "members", len(members), "replicas", id.Replicas, "split-points", id.SplitPoints)
+	s.log.Info("created a new store", "data-dir", cfg.DataDir, "members", len(members), "replicas", id.Replicas, "placement", id.Placement, "split-points", id.SplitPoints)
 	return nil
 }
 

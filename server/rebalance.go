@@ -12,8 +12,8 @@ import (
 
 // Rebalancing.
 //
-// The placement of a partition is the rotation of initialConf over the
-// current members (sorted by ID): the same rule that placed it when the
+// The placement of a partition is initialConf over the current members
+// (sorted by ID), under the cluster's placement scheme: the same rule that placed it when the
 // cluster was created, so a cluster whose members never changed never
 // moves a replica. When members change (a node joins or is removed), the
 // placement of some partitions changes, and each partition's leader moves
@@ -35,7 +35,7 @@ import (
 
 // placementVoters returns the voters the placement wants for partition id.
 func (s *Server) placementVoters(id uint64, members []member) []uint64 {
-	return initialConf(id, members, s.id.Replicas).Voters
+	return initialConf(id, members, s.id.Replicas, s.id.placement()).Voters
 }
 
 // preferredLeaderOf returns the node that should lead group id: for a

@@ -53,7 +53,7 @@ func TestRebalanceStep(t *testing.T) {
 	three := members[:3]
 	for i := 0; i < 6; i++ {
 		pid := uint64(kvapi.FirstPartition + i)
-		cs := initialConf(pid, three, 3)
+		cs := initialConf(pid, three, 3, PlacementRing)
 		if _, _, ok := s.rebalanceStep(pid, raftgroup.Status{Voters: cs.Voters}, three); ok {
 			t.Errorf("partition %d at its initial placement %v would move", pid, cs.Voters)
 		}

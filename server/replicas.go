@@ -40,7 +40,7 @@ func (s *Server) bootConf(id uint64) *raftpb.ConfState {
 	if s.id.Bootstrapped || id >= meta.FirstAllocatedPartition {
 		return nil
 	}
-	cs := initialConf(id, s.id.Members, s.id.Replicas)
+	cs := initialConf(id, s.id.Members, s.id.Replicas, s.id.placement())
 	if !hosts(cs, s.id.MemberID) {
 		return nil
 	}

@@ -102,7 +102,7 @@ func Restore(rc RestoreConfig) (*snapshot.Header, error) {
 	if err := meta.WriteRestoredState(b, kvapi.MetaGroup, contents.Leases, h.CompactRevision); err != nil {
 		return nil, err
 	}
-	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: 1}
+	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: 1, Placement: cfg.Placement}
 	id.MemberID = memberID(id.PeerURLs, cfg.InitialClusterToken)
 	id.ClusterID = clusterID([]uint64{id.MemberID})
 	id.Members = []member{{ID: id.MemberID, Name: id.Name, PeerURLs: id.PeerURLs}}

@@ -87,6 +87,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
 	f.Uint64Var(&cfg.MemTableBytes, "memtable-bytes", 64<<20, "brain: storage memtable size in bytes (writes are buffered in memory up to this much before a flush to disk).")
 	f.IntVar(&cfg.Replicas, "replicas", 3, "brain: replicas of each partition, the TSO and the meta group (fewer if the cluster has fewer members); fixed when the cluster is created.")
+	f.StringVar(&cfg.Placement, "placement", server.PlacementCopysets, "brain: how partitions' replicas are laid out over the members: copysets (groups of --replicas nodes that hold the same partitions, so a node exchanges raft traffic with few peers) or ring (each partition on the next --replicas members after its own); fixed when the cluster is created.")
 	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", "", "brain: file holding a base64 key (16, 24 or 32 bytes) that encrypts membership gossip; every member needs the same one.")
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
