@@ -667,6 +667,35 @@ func TestHeartbeatNeedless(t *testing.T) {
 	}
 }
 
+// TestLearnerHeartbeatNeedless checks that a learner gets one heartbeat
+// in learnerHeartbeatEvery whether or not appends flow, a voter's follow
+// the append rule, and read-index heartbeats always go.
+func TestLearnerHeartbeatNeedless(t *testing.T) {
+	g := Group{conf: raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}}
+	sent := map[uint64]int{}
+	for i := 0; i < 3*learnerHeartbeatEvery; i++ {
+		for _, to := range []uint64{2, 4} {
+			hb := raftpb.Message{Type: raftpb.MsgHeartbeat, To: to}
+			if !g.heartbeatNeedless(&hb) {
+				sent[to]++
+			}
+		}
+		if i%2 == 0 {
+			app := raftpb.Message{Type: raftpb.MsgApp, To: 4}
+			if g.heartbeatNeedless(&app) {
+				t.Fatal("an append to a learner left out")
+			}
+		}
+	}
+	if sent[2] != 3*learnerHeartbeatEvery || sent[4] != 3 {
+		t.Fatalf("heartbeats sent over %d ticks: %d to the voter, %d to the learner; want %d and 3", 3*learnerHeartbeatEvery, sent[2], sent[4], 3*learnerHeartbeatEvery)
+	}
+	read := raftpb.Message{Type: raftpb.MsgHeartbeat, To: 4, Context: []byte("read")}
+	if g.heartbeatNeedless(&read) {
+		t.Fatal("a read-index heartbeat to a learner left out")
+	}
+}
+
 // TestBusyGroupSkipsHeartbeats runs a group with appends flowing and then
 // idle: while busy, most heartbeats (and their answers) are left out and
 // the leader keeps its term; when idle, heartbeats go out again and still

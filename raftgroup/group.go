@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -131,6 +132,9 @@ type Group struct {
 	// appended holds the followers sent an append since the last
 	// heartbeat to them (heartbeatNeedless); worker-owned.
 	appended map[uint64]bool
+	// learnerQuiet counts the heartbeats left out to each learner since
+	// the last one sent (heartbeatNeedless); worker-owned.
+	learnerQuiet map[uint64]int
 	// readIndexes waiting for a ReadState, by request context; worker-owned.
 	readIndexes map[string]*readIndexReq
 	waiters     struct {
@@ -435,6 +439,17 @@ func (g *Group) drainInbox() {
 // a follower whose appends were lost resumes on its answer one interval
 // later than it would otherwise). Raft tolerates any message loss; this
 // only drops messages that carry nothing new.
+//
+// A learner gets one heartbeat in learnerHeartbeatEvery. It never
+// campaigns and counts in no quorum, so it does not need the leader's
+// sign of life, and the commit index reaches it in the appends the leader
+// sends whenever the index moves. What a heartbeat still does for it -
+// its answer resumes a leader that stopped sending it appends (lost
+// messages, a probe) - can wait that long. The TSO and meta groups have
+// every node past the first --replicas as a learner, so without this
+// their leaders would send every other node a heartbeat (and get an
+// answer) every tick, whatever the load: the one raft cost that grows
+// with the cluster's size rather than with its writes.
 func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 	switch m.Type {
 	case raftpb.MsgApp:
@@ -443,6 +458,17 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 		}
 		g.appended[m.To] = true
 	case raftpb.MsgHeartbeat:
+		if len(m.Context) == 0 && slices.Contains(g.conf.Learners, m.To) {
+			if g.learnerQuiet == nil {
+				g.learnerQuiet = make(map[uint64]int)
+			}
+			if g.learnerQuiet[m.To] < learnerHeartbeatEvery-1 {
+				g.learnerQuiet[m.To]++
+				return true
+			}
+			g.learnerQuiet[m.To] = 0
+			return false
+		}
 		if !g.appended[m.To] {
 			return false
 		}
@@ -451,6 +477,10 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 	}
 	return false
 }
+
+// learnerHeartbeatEvery: a leader sends a learner one heartbeat in this
+// many (at the default ticks, one a second).
+const learnerHeartbeatEvery = 10
 
 // propose steps the round's proposals as one MsgProp, so the leader sends
 // each follower one append message carrying all of them, gets one answer
