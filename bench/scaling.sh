@@ -208,11 +208,15 @@ node_cpu() {
 	done
 }
 
-# cpu_report BEFORE AFTER T0 T1: per node, the CPU it used between
-# times T0 and T1 (date +%s.%N) as a share of one CPU and the fraction of
-# CFS periods it was throttled in.
+# cpu_report BEFORE AFTER T0 T1 [DECIMALS]: per node, the CPU it used
+# between times T0 and T1 (date +%s.%N) as a share of one CPU (DECIMALS
+# places, default 2; with DECIMALS the nodes' total follows) and the
+# fraction of CFS periods it was throttled in.
 cpu_report() {
-	join <(echo "$1") <(echo "$2") | awk -v s="$(awk -v a="$3" -v b="$4" 'BEGIN { print b - a }')" '{ printf "%s %.2f CPU (throttled %.0f%%)  ", $1, ($5 - $2) / 1e9 / s, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }'
+	join <(echo "$1") <(echo "$2") | awk -v s="$(awk -v a="$3" -v b="$4" 'BEGIN { print b - a }')" -v d="${5:-2}" -v total="${5:+1}" '
+		{ c = ($5 - $2) / 1e9 / s; sum += c
+		  printf "%s %." d "f CPU (throttled %.0f%%)  ", $1, c, (($7 - $4) > 0 ? 100 * ($6 - $3) / ($7 - $4) : 0) }
+		END { if (total) printf "total %." d "f CPU", sum }'
 }
 
 # nodes_cpu_ns BEFORE AFTER: the CPU time in ns all nodes used between two
@@ -383,7 +387,7 @@ idle_report() {
 	sleep "$IDLE"
 	c1=$(node_cpu "$1" "$2")
 	t1=$(date +%s.%N)
-	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
+	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$t0" "$t1" 3)"
 }
 
 # measure KIND N WORKLOAD RESOURCES: one create run; appends to results.
