@@ -361,8 +361,11 @@ func (p *Partition) LeadershipChanged(leader bool, term uint64) {
 	p.prop.Lock()
 	defer p.prop.Unlock()
 	p.prop.ready, p.prop.term = leader, term
-	// Everything below the applied closed revision is in the log; anything
-	// this replica proposed as leader before is either applied or lost.
+	// Everything below the applied closed revision is in the log. Writes
+	// this replica proposed as leader may still apply (a later leader
+	// commits them) until an entry of a later term applies here; a leader
+	// is ready only once it applied one of its own term, so by then they
+	// have applied or failed.
 	p.prop.lastClosed = p.closed.Load()
 	p.prop.closing = false
 	if leader {
@@ -668,7 +671,9 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 	setClosed(cmd, c)
 	p.prop.lastClosed = max(p.prop.lastClosed, c)
 	p.prop.unapplied[rev]++
-	p.group.ProposeAsync(cmd, func(r any, err error) {
+	// A client's write must learn whether it applied even if this leader
+	// is deposed first: the next leader may commit it (ProposeAsyncFate).
+	p.group.ProposeAsyncFate(cmd, func(r any, err error) {
 		if err == nil {
 			res = r.(applyResult)
 		}
@@ -694,8 +699,9 @@ func (p *Partition) proposeWrite(ctx context.Context, w *inflightWrite, term uin
 	// caller's latches must stay held until it applied or failed, or a
 	// later request on the same keys would evaluate (compare, read) a
 	// state the command then changes under it. The fate is known within
-	// about an election timeout: a leader that cannot commit steps down
-	// (CheckQuorum) and fails its proposals.
+	// about three election timeouts: a leader that cannot commit steps
+	// down (CheckQuorum) and learns its proposals' fate from the next
+	// leader's entries, or fails them after raftgroup's FateGrace.
 	select {
 	case <-done:
 		return res, perr

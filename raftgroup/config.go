@@ -52,6 +52,10 @@ type Config struct {
 	// TombstoneTTL is how long messages for a removed replica are dropped
 	// rather than re-creating it; default 10s.
 	TombstoneTTL time.Duration
+	// FateGrace bounds how long a leader that lost leadership keeps the
+	// proposers of Group.ProposeAsyncFate waiting for their commands'
+	// fate; default two election timeouts.
+	FateGrace time.Duration
 	// Logger is the structured logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the host's metrics; nil registers nothing.
@@ -68,6 +72,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.HeartbeatTicks == 0 {
 		c.HeartbeatTicks = 1
+	}
+	if c.FateGrace == 0 {
+		c.FateGrace = 2 * time.Duration(c.ElectionTicks) * c.TickInterval
 	}
 	if c.Workers == 0 {
 		c.Workers = 4

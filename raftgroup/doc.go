@@ -37,6 +37,15 @@
 // state machine can stamp a command with the leader's term and reject it at
 // apply when the entry's term differs (see partition).
 //
+// A leader that loses leadership fails its waiting proposers with
+// ErrLeaderChanged (the command may or may not apply), except those of
+// Group.ProposeAsyncFate: they keep waiting, as a follower, for the entries
+// that settle it. The command applies (a later leader committed it), or an
+// entry of a later term applies first and it never will (ErrNotLeader, so
+// the caller may retry it elsewhere). Only if neither happens within two
+// election timeouts, or a snapshot skips past it, is the answer
+// ErrLeaderChanged.
+//
 // # Storage
 //
 // Each group's log lives in Pebble under engine.RaftPrefix and is mirrored in

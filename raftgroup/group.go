@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,8 +19,9 @@ import (
 
 // Errors returned to proposers.
 var (
-	// ErrNotLeader: this replica is not the leader; the command was not
-	// proposed and will not apply.
+	// ErrNotLeader: this replica is not the leader; the command will not
+	// apply (it was not proposed, or, for ProposeAsyncFate, a later
+	// leader's entry applied first).
 	ErrNotLeader = errors.New("raftgroup: not leader")
 	// ErrLeaderChanged: leadership changed while the command was in flight;
 	// it may or may not apply.
@@ -140,6 +142,13 @@ type Group struct {
 	waiters     struct {
 		sync.Mutex
 		m map[uint64]*waiter // protected by waiters
+		// orphans counts the ProposeAsyncFate waiters kept when this
+		// replica stopped leading, orphanTerm is the latest term they were
+		// proposed in, and orphanDeadline ends their wait. Protected by
+		// waiters.
+		orphans        int
+		orphanTerm     uint64
+		orphanDeadline time.Time
 	}
 	status atomic.Pointer[Status]
 	// voters is the number of voters in the applied configuration.
@@ -177,6 +186,11 @@ type waiter struct {
 	result any
 	err    error
 	cb     func(result any, err error)
+	// fate: the waiter outlives this replica's leadership
+	// (ProposeAsyncFate). term: the leader term the command was proposed
+	// in (0 until raft accepted it). Protected by Group.waiters.
+	fate bool
+	term uint64
 }
 
 func (w *waiter) finish(result any, err error) {
@@ -255,6 +269,22 @@ func (g *Group) Propose(ctx context.Context, cmd []byte) (any, error) {
 // goroutine once the command is applied or has failed. cb must not block.
 func (g *Group) ProposeAsync(cmd []byte, cb func(result any, err error)) {
 	g.enqueueProposal(cmd, &waiter{cb: cb})
+}
+
+// ProposeAsyncFate is ProposeAsync for a command whose proposer must learn
+// its fate even if this replica stops leading before it commits (a client's
+// write: "leader changed, it may or may not have applied" is an answer a
+// client can do little with). Losing leadership does not fail it; cb gets
+//   - the state machine's result once the command applies here (a later
+//     leader committed it);
+//   - ErrNotLeader once an entry of a later term applied here before it:
+//     it was never committed, and never will be (raft's logs hold the
+//     entries of a term before those of any later term, and apply in
+//     order);
+//   - ErrLeaderChanged if neither happened within two election timeouts
+//     of the step-down (this replica cut off), or a snapshot hid its fate.
+func (g *Group) ProposeAsyncFate(cmd []byte, cb func(result any, err error)) {
+	g.enqueueProposal(cmd, &waiter{cb: cb, fate: true})
 }
 
 func (g *Group) enqueueProposal(cmd []byte, w *waiter) {
@@ -346,9 +376,131 @@ func (g *Group) failAllWaiters(err error) {
 	g.waiters.Lock()
 	ws := g.waiters.m
 	g.waiters.m = make(map[uint64]*waiter)
+	g.waiters.orphans, g.waiters.orphanTerm = 0, 0
 	g.waiters.Unlock()
 	for _, w := range ws {
 		w.finish(nil, err)
+	}
+}
+
+// steppedDown fails the waiters of a replica that stopped leading with
+// ErrLeaderChanged, except the ProposeAsyncFate waiters of commands raft
+// accepted, which wait for their fate (takeApplied, failOrphans). Those
+// raft has not seen yet are left to be dropped as ErrNotLeader. Call it
+// after the round's entries applied.
+func (g *Group) steppedDown(grace time.Duration) {
+	var failed []*waiter
+	g.waiters.Lock()
+	for id, w := range g.waiters.m {
+		switch {
+		case w.fate && w.term != 0:
+			g.waiters.orphanTerm = max(g.waiters.orphanTerm, w.term)
+		case w.fate:
+		default:
+			delete(g.waiters.m, id)
+			failed = append(failed, w)
+		}
+	}
+	// Count them all, with those of an earlier step-down still waiting.
+	g.waiters.orphans = 0
+	for _, w := range g.waiters.m {
+		if w.fate && w.term != 0 && w.term <= g.waiters.orphanTerm {
+			g.waiters.orphans++
+		}
+	}
+	var dead []*waiter
+	switch {
+	case g.waiters.orphans > 0 && g.appliedTerm > g.waiters.orphanTerm:
+		// The round that deposed this leader applied the next leader's
+		// entries: theirs came before them or never will.
+		dead = g.takeOrphansLocked()
+		g.host.metrics.deposedProposals.WithLabelValues("dropped").Add(float64(len(dead)))
+	case g.waiters.orphans > 0:
+		g.waiters.orphanDeadline = time.Now().Add(grace)
+	}
+	g.waiters.Unlock()
+	for _, w := range failed {
+		w.finish(nil, ErrLeaderChanged)
+	}
+	for _, w := range dead {
+		w.finish(nil, ErrNotLeader)
+	}
+}
+
+// takeApplied takes the waiter of an applied entry (proposal id, term), and
+// the orphans an entry of a later term than theirs proves dead: had their
+// commands been committed, they would have applied before it.
+func (g *Group) takeApplied(id, term uint64) (w *waiter, dead []*waiter) {
+	g.waiters.Lock()
+	defer g.waiters.Unlock()
+	if id != 0 {
+		if w = g.waiters.m[id]; w != nil {
+			delete(g.waiters.m, id)
+			if g.waiters.orphans > 0 && w.fate && w.term != 0 && w.term <= g.waiters.orphanTerm {
+				g.waiters.orphans--
+				g.host.metrics.deposedProposals.WithLabelValues("applied").Inc()
+			}
+		}
+	}
+	if g.waiters.orphans > 0 && term > g.waiters.orphanTerm {
+		dead = g.takeOrphansLocked()
+		g.host.metrics.deposedProposals.WithLabelValues("dropped").Add(float64(len(dead)))
+	}
+	return w, dead
+}
+
+// takeOrphansLocked removes every orphan (waiters locked).
+func (g *Group) takeOrphansLocked() []*waiter {
+	var ws []*waiter
+	for id, w := range g.waiters.m {
+		if w.fate && w.term != 0 && w.term <= g.waiters.orphanTerm {
+			delete(g.waiters.m, id)
+			ws = append(ws, w)
+		}
+	}
+	g.waiters.orphans, g.waiters.orphanTerm = 0, 0
+	return ws
+}
+
+// expireOrphans fails the orphans with ErrLeaderChanged once their
+// deadline passed.
+func (g *Group) expireOrphans() {
+	g.waiters.Lock()
+	if g.waiters.orphans == 0 || time.Now().Before(g.waiters.orphanDeadline) {
+		g.waiters.Unlock()
+		return
+	}
+	ws := g.takeOrphansLocked()
+	g.waiters.Unlock()
+	g.failUnknown(ws)
+}
+
+// snapshotInstalled fails with ErrLeaderChanged every ProposeAsyncFate
+// waiter of a command raft accepted: whether the snapshot holds the
+// command cannot be told. The replica installing it does not lead (it may
+// have stopped in this very round, before steppedDown counted them as
+// orphans).
+func (g *Group) snapshotInstalled() {
+	var ws []*waiter
+	g.waiters.Lock()
+	for id, w := range g.waiters.m {
+		if w.fate && w.term != 0 {
+			delete(g.waiters.m, id)
+			ws = append(ws, w)
+		}
+	}
+	g.waiters.orphans, g.waiters.orphanTerm = 0, 0
+	g.waiters.Unlock()
+	g.failUnknown(ws)
+}
+
+func (g *Group) failUnknown(ws []*waiter) {
+	if len(ws) == 0 {
+		return
+	}
+	g.host.metrics.deposedProposals.WithLabelValues("unknown").Add(float64(len(ws)))
+	for _, w := range ws {
+		w.finish(nil, ErrLeaderChanged)
 	}
 }
 
@@ -373,6 +525,7 @@ func (g *Group) drainInbox() {
 	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
 
+	g.expireOrphans()
 	for _, to := range unreachable {
 		g.rn.ReportUnreachable(to)
 	}
@@ -507,6 +660,16 @@ func (g *Group) propose(props []pendingProp) {
 		return
 	}
 	g.host.metrics.proposals.Add(float64(len(props)))
+	// The entries are in the log at the leader's term (the leadership may
+	// be new this round, so g.term can still be the previous one).
+	term := g.rn.BasicStatus().Term
+	g.waiters.Lock()
+	for _, p := range props {
+		if w := g.waiters.m[p.id]; w != nil {
+			w.term = term
+		}
+	}
+	g.waiters.Unlock()
 }
 
 func (g *Group) publishStatus() {

@@ -441,6 +441,7 @@ func (h *Host) processRound(gs []*Group) {
 				h.fatal(err)
 				return
 			}
+			it.g.snapshotInstalled()
 		}
 	}
 
@@ -510,7 +511,7 @@ func (h *Host) processRound(gs []*Group) {
 		}
 	}
 	for _, d := range deliveries {
-		d.w.finish(d.result, nil)
+		d.w.finish(d.result, d.err)
 	}
 	for i := range items {
 		h.observeLeadership(items[i].g, items[i].rd.SoftState)
@@ -528,7 +529,8 @@ func (h *Host) processRound(gs []*Group) {
 }
 
 // observeLeadership updates a group's leadership after a round: a leader
-// that lost leadership fails its waiting proposers; a leader becomes ready
+// that lost leadership fails its waiting proposers (but for those that
+// wait for their fate, Group.steppedDown); a leader becomes ready
 // once it has applied an entry of its own term, since then it has applied
 // everything earlier leaders committed.
 func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
@@ -541,7 +543,7 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 		}
 		if wasLeader && !g.isLeader {
 			g.leaderReady = false
-			g.failAllWaiters(ErrLeaderChanged)
+			g.steppedDown(h.cfg.FateGrace)
 			if o, ok := g.sm.(LeadershipObserver); ok {
 				o.LeadershipChanged(false, g.term)
 			}
@@ -588,6 +590,19 @@ func (h *Host) sendMessages(items []readyItem) {
 type delivery struct {
 	w      *waiter
 	result any
+	err    error
+}
+
+// taken adds the deliveries of an applied entry's waiter (w, with the
+// entry's result) and of the orphans it proved dead.
+func taken(ds []delivery, w *waiter, result any, dead []*waiter) []delivery {
+	if w != nil {
+		ds = append(ds, delivery{w: w, result: result})
+	}
+	for _, d := range dead {
+		ds = append(ds, delivery{w: d, err: ErrNotLeader})
+	}
+	return ds
 }
 
 // applyEntries applies the committed entries of every item into ac.Batch
@@ -606,7 +621,10 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 			switch e.Type {
 			case raftpb.EntryNormal:
 				if len(e.Data) == 0 {
-					break // a new leader's empty entry
+					// A new leader's empty entry.
+					w, dead := g.takeApplied(0, e.Term)
+					deliveries = taken(deliveries, w, nil, dead)
+					break
 				}
 				id, cmd, ok := decodeEntry(e.Data)
 				if !ok {
@@ -614,11 +632,8 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 					return nil, nil, false
 				}
 				res := g.sm.Apply(ac, e, cmd)
-				if id != 0 {
-					if w := g.takeWaiter(id); w != nil {
-						deliveries = append(deliveries, delivery{w, res})
-					}
-				}
+				w, dead := g.takeApplied(id, e.Term)
+				deliveries = taken(deliveries, w, res, dead)
 			case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
 				var cc raftpb.ConfChangeI
 				var err error
@@ -640,11 +655,12 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 					h.fatal(err)
 					return nil, nil, false
 				}
+				var id uint64
 				if ctx := confContext(cc); len(ctx) == 8 {
-					if w := g.takeWaiter(binary.BigEndian.Uint64(ctx)); w != nil {
-						deliveries = append(deliveries, delivery{w, nil})
-					}
+					id = binary.BigEndian.Uint64(ctx)
 				}
+				w, dead := g.takeApplied(id, e.Term)
+				deliveries = taken(deliveries, w, nil, dead)
 				if o, ok := g.sm.(ConfObserver); ok {
 					o.ConfChanged(*cs)
 				}

@@ -8,6 +8,7 @@ import (
 type metrics struct {
 	proposals         prometheus.Counter
 	proposalsDropped  prometheus.Counter
+	deposedProposals  *prometheus.CounterVec
 	applied           prometheus.Counter
 	roundGroups       prometheus.Histogram
 	logSync           prometheus.Histogram
@@ -30,6 +31,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		proposalsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_proposals_dropped_total", Help: "Raft proposals dropped (not leader).",
 		}),
+		deposedProposals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brain_raft_deposed_proposals_total",
+			Help: "Proposals a deposed leader waited on past its leadership (ProposeAsyncFate), by fate: applied (a later leader committed it), dropped (it never will apply) or unknown (no answer in time, or a snapshot hid it).",
+		}, []string{"fate"}),
 		applied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_applied_entries_total", Help: "Committed raft entries applied.",
 		}),
@@ -70,8 +75,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, t := range peerMessageTypes {
 		m.receivedByType[t] = m.messagesReceived.WithLabelValues(t.String())
 	}
+	for _, fate := range []string{"applied", "dropped", "unknown"} {
+		m.deposedProposals.WithLabelValues(fate)
+	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
