@@ -270,15 +270,20 @@ brain_work() {
 		/^brain_internal_calls_total\{op="(txn|put|delete_range)"\}/ { v[5] += $NF }
 		/^brain_internal_calls_total\{op="tso_next"\}/ { v[6] += $NF }
 		/^brain_feed_messages_sent_total[{ ]/ { v[7] += $NF }
-		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7] }' "$1"
+		/^brain_raft_deposed_proposals_total\{fate="applied"\}/ { v[8] += $NF }
+		/^brain_raft_deposed_proposals_total\{fate="dropped"\}/ { v[9] += $NF }
+		/^brain_raft_deposed_proposals_total\{fate="unknown"\}/ { v[10] += $NF }
+		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10] }' "$1"
 }
 
-# work_per_create BEFORE AFTER OPS: brain_work's counts per operation.
+# work_per_create BEFORE AFTER OPS: brain_work's counts per operation, and
+# the fates of the writes deposed leaders had in flight (counts).
 work_per_create() {
 	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages", d[1], d[2], d[3], d[4], d[5], d[6], d[7] }'
+		for (i = 8; i <= 10; i++) d[i] = y[i] - x[i]
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10] }'
 }
 
 # split points: the prefix of every resource, sorted.
