@@ -694,6 +694,15 @@ func TestLearnerHeartbeatNeedless(t *testing.T) {
 	if g.heartbeatNeedless(&read) {
 		t.Fatal("a read-index heartbeat to a learner left out")
 	}
+	// The learner is promoted and node 2 removed: what was kept about
+	// them goes.
+	app := raftpb.Message{Type: raftpb.MsgApp, To: 2}
+	g.heartbeatNeedless(&app)
+	g.conf = raftpb.ConfState{Voters: []uint64{1, 3, 4}}
+	g.pruneHeartbeatState()
+	if _, kept := g.appended[2]; kept || len(g.learnerQuiet) != 0 || len(g.appended) != 1 {
+		t.Fatalf("kept after the change: learnerQuiet %v, appended %v", g.learnerQuiet, g.appended)
+	}
 }
 
 // TestBusyGroupSkipsHeartbeats runs a group with appends flowing and then

@@ -603,6 +603,22 @@ func (g *Group) drainInbox() {
 // their leaders would send every other node a heartbeat (and get an
 // answer) every tick, whatever the load: the one raft cost that grows
 // with the cluster's size rather than with its writes.
+// pruneHeartbeatState forgets what heartbeatNeedless kept about nodes
+// that are no longer in the configuration (or no longer learners), once it
+// changed.
+func (g *Group) pruneHeartbeatState() {
+	for id := range g.learnerQuiet {
+		if !slices.Contains(g.conf.Learners, id) {
+			delete(g.learnerQuiet, id)
+		}
+	}
+	for id := range g.appended {
+		if !slices.Contains(g.conf.Voters, id) && !slices.Contains(g.conf.Learners, id) {
+			delete(g.appended, id)
+		}
+	}
+}
+
 func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 	switch m.Type {
 	case raftpb.MsgApp:

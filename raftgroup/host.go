@@ -650,6 +650,7 @@ func (h *Host) applyEntries(items []readyItem, ac *ApplyContext) ([]delivery, []
 				}
 				cs := g.rn.ApplyConfChange(cc)
 				g.conf = *cs
+				g.pruneHeartbeatState()
 				g.confApplied = true
 				if err := setProto(ac.Batch, raftKey(g.id, kindConfState), cs); err != nil {
 					h.fatal(err)

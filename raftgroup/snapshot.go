@@ -250,6 +250,7 @@ func (h *Host) snapshotApplied(g *Group, snap raftpb.Snapshot) error {
 	g.applied, g.appliedTerm = idx, snap.Metadata.Term
 	g.firstIndex, g.lastIndex = idx+1, idx
 	g.conf = snap.Metadata.ConfState
+	g.pruneHeartbeatState()
 	h.log.Info("applied snapshot", "group", g.id, "index", idx, "voters", g.conf.Voters, "learners", g.conf.Learners)
 	if sn, ok := g.sm.(Snapshotter); ok {
 		return sn.SnapshotApplied()
