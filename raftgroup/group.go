@@ -162,6 +162,7 @@ type Group struct {
 type pendingProp struct {
 	data []byte
 	id   uint64
+	w    *waiter
 }
 
 type snapReport struct {
@@ -296,7 +297,7 @@ func (g *Group) enqueueProposal(cmd []byte, w *waiter) {
 	if len(cmd) < HeaderLen {
 		panic("raftgroup: command without room for the entry header (use NewCommand)")
 	}
-	g.inbox.props = append(g.inbox.props, pendingProp{data: stampEntry(id, cmd), id: id})
+	g.inbox.props = append(g.inbox.props, pendingProp{data: stampEntry(id, cmd), id: id, w: w})
 	g.inbox.Unlock()
 	g.host.sched.enqueue(g)
 }
@@ -385,7 +386,8 @@ func (g *Group) failAllWaiters(err error) {
 
 // steppedDown fails the waiters of a replica that stopped leading with
 // ErrLeaderChanged, except the ProposeAsyncFate waiters of commands raft
-// accepted, which wait for their fate (takeApplied, failOrphans). Those
+// accepted, which wait for their fate (takeApplied, expireOrphans,
+// snapshotInstalled). Those
 // raft has not seen yet are left to be dropped as ErrNotLeader. Call it
 // after the round's entries applied.
 func (g *Group) steppedDown(grace time.Duration) {
@@ -580,6 +582,22 @@ func (g *Group) drainInbox() {
 	g.propose(props)
 }
 
+// pruneHeartbeatState forgets what heartbeatNeedless kept about nodes
+// that are no longer in the configuration (or no longer learners), once it
+// changed.
+func (g *Group) pruneHeartbeatState() {
+	for id := range g.learnerQuiet {
+		if !slices.Contains(g.conf.Learners, id) {
+			delete(g.learnerQuiet, id)
+		}
+	}
+	for id := range g.appended {
+		if !slices.Contains(g.conf.Voters, id) && !slices.Contains(g.conf.Learners, id) {
+			delete(g.appended, id)
+		}
+	}
+}
+
 // heartbeatNeedless notes the appends a leader sends and reports whether
 // m is a heartbeat its follower can do without: one with no read-index
 // context, to a follower sent an append since the last heartbeat. The
@@ -603,22 +621,6 @@ func (g *Group) drainInbox() {
 // their leaders would send every other node a heartbeat (and get an
 // answer) every tick, whatever the load: the one raft cost that grows
 // with the cluster's size rather than with its writes.
-// pruneHeartbeatState forgets what heartbeatNeedless kept about nodes
-// that are no longer in the configuration (or no longer learners), once it
-// changed.
-func (g *Group) pruneHeartbeatState() {
-	for id := range g.learnerQuiet {
-		if !slices.Contains(g.conf.Learners, id) {
-			delete(g.learnerQuiet, id)
-		}
-	}
-	for id := range g.appended {
-		if !slices.Contains(g.conf.Voters, id) && !slices.Contains(g.conf.Learners, id) {
-			delete(g.appended, id)
-		}
-	}
-}
-
 func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 	switch m.Type {
 	case raftpb.MsgApp:
@@ -681,9 +683,7 @@ func (g *Group) propose(props []pendingProp) {
 	term := g.rn.BasicStatus().Term
 	g.waiters.Lock()
 	for _, p := range props {
-		if w := g.waiters.m[p.id]; w != nil {
-			w.term = term
-		}
+		p.w.term = term
 	}
 	g.waiters.Unlock()
 }
