@@ -217,6 +217,9 @@ type callMux struct {
 	nextID  uint64                  // protected by mu
 	pending map[uint64]*pendingCall // protected by mu
 	err     error                   // why the stream broke; protected by mu
+	// onBreak, if set, learns how many calls under way a break failed,
+	// after and before they were handed to the stream.
+	onBreak func(sent, unsent int, err error)
 }
 
 type pendingCall struct {
@@ -230,14 +233,14 @@ type pendingCall struct {
 var errCallsUnsupported = errors.New("kvapi: node does not serve the Calls stream")
 
 // openCallMux opens a Calls stream on conn.
-func openCallMux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
+func openCallMux(node uint64, conn *grpc.ClientConn, onBreak func(sent, unsent int, err error)) (*callMux, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := conn.NewStream(ctx, &callsStreamDesc, callsMethod)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	m := &callMux{node: node, conn: conn, stream: st, cancel: cancel, pending: make(map[uint64]*pendingCall)}
+	m := &callMux{node: node, conn: conn, stream: st, cancel: cancel, pending: make(map[uint64]*pendingCall), onBreak: onBreak}
 	m.q = newSendQueue(&m.mu)
 	go m.send(ctx)
 	go m.receive()
@@ -356,14 +359,24 @@ func (m *callMux) fail(err error) {
 	if m.err == nil {
 		m.err = err
 	}
+	sent, unsent := 0, 0
 	for id, p := range m.pending {
 		delete(m.pending, id)
-		p.err = &unavailableError{node: m.node, err: err, notSent: !p.sent || err == errCallsUnsupported}
+		notSent := !p.sent || err == errCallsUnsupported
+		if notSent {
+			unsent++
+		} else {
+			sent++
+		}
+		p.err = &unavailableError{node: m.node, err: err, notSent: notSent}
 		close(p.done)
 	}
 	m.q.out = nil
 	m.mu.Unlock()
 	m.cancel()
+	if m.onBreak != nil && sent+unsent > 0 {
+		m.onBreak(sent, unsent, err)
+	}
 }
 
 // serveCalls serves a Calls stream: every call runs on one of callWorkers'

@@ -13,6 +13,7 @@ import (
 	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/partition"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 )
 
@@ -81,7 +82,7 @@ func serveInternal(t testing.TB, h Handler, desc *grpc.ServiceDesc, opts ...grpc
 	addr := l.Addr().String()
 	conns := peerconn.New(func(uint64) (string, bool) { return addr, true })
 	t.Cleanup(conns.Close)
-	return NewClient(conns), srv
+	return NewClient(conns, nil), srv
 }
 
 // TestCallsShareFrames checks concurrent calls to one node travel on one
@@ -250,6 +251,9 @@ func TestCallsStreamBreakFailsCalls(t *testing.T) {
 	_, err = c.Call(ctx, 1, &CallRequest{Op: OpGroupInfo})
 	if !errors.As(err, &un) || !un.notSent {
 		t.Fatalf("call to the stopped node: %v, want unavailable (never sent)", err)
+	}
+	if got := promtest.ToFloat64(c.broken.WithLabelValues("true")); got != 1 {
+		t.Fatalf("brain_internal_calls_broken_total{sent=\"true\"} = %v, want 1", got)
 	}
 }
 

@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,7 +17,10 @@ import (
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/brainkv/brain/tso"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The internal API between nodes is one operation, Call: an operation on
@@ -304,6 +307,11 @@ func RegisterInternalService(s *grpc.Server, h Handler) {
 type Client struct {
 	conns *peerconn.Pool
 	unary bool // every call unary (tests, benchmarks)
+	log   *slog.Logger
+	// broken counts calls failed by a broken Calls stream, by whether they
+	// had been sent (a write that had may have executed: its client is
+	// answered "leader changed").
+	broken *prometheus.CounterVec
 
 	mu    sync.Mutex
 	muxes map[uint64]*callMux         // Calls stream per node; protected by mu
@@ -311,9 +319,30 @@ type Client struct {
 }
 
 // NewClient returns a client that reaches nodes through conns (which its
-// owner closes).
-func NewClient(conns *peerconn.Pool) *Client {
-	return &Client{conns: conns, muxes: make(map[uint64]*callMux), old: make(map[uint64]*grpc.ClientConn)}
+// owner closes). log (nil: slog.Default()) gets a line for every Calls
+// stream that breaks with calls under way.
+func NewClient(conns *peerconn.Pool, log *slog.Logger) *Client {
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Client{conns: conns, log: log, muxes: make(map[uint64]*callMux), old: make(map[uint64]*grpc.ClientConn)}
+	c.broken = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_internal_calls_broken_total",
+		Help: "Calls to other nodes failed by a broken connection or stream, by whether they had been sent (sent writes may have executed: their clients get \"leader changed\").",
+	}, []string{"sent"})
+	c.broken.WithLabelValues("true")
+	c.broken.WithLabelValues("false")
+	return c
+}
+
+// Collectors returns the client's metrics.
+func (c *Client) Collectors() []prometheus.Collector { return []prometheus.Collector{c.broken} }
+
+// streamBroke accounts for the calls a broken Calls stream to node failed.
+func (c *Client) streamBroke(node uint64, sent, unsent int, err error) {
+	c.broken.WithLabelValues("true").Add(float64(sent))
+	c.broken.WithLabelValues("false").Add(float64(unsent))
+	c.log.Warn("the calls stream to a node broke with calls under way", "node", strconv.FormatUint(node, 16), "sent", sent, "unsent", unsent, "err", err)
 }
 
 func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
@@ -348,7 +377,11 @@ func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byt
 	}
 	var resp CallResponse
 	if err := conn.Invoke(ctx, "/"+internalServiceName+"/Call", req, &resp); err != nil {
-		return nil, &unavailableError{node: node, err: err, notSent: neverSent(err)}
+		un := &unavailableError{node: node, err: err, notSent: neverSent(err)}
+		if ctx.Err() == nil && status.Code(err) == codes.Unavailable {
+			c.broken.WithLabelValues(strconv.FormatBool(!un.notSent)).Inc()
+		}
+		return nil, un
 	}
 	return resp.Result, fromCode(&resp)
 }
@@ -364,7 +397,7 @@ func (c *Client) mux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
 	if m := c.muxes[node]; m != nil && m.conn == conn && !m.broken() {
 		return m, nil
 	}
-	m, err := openCallMux(node, conn)
+	m, err := openCallMux(node, conn, func(sent, unsent int, err error) { c.streamBroke(node, sent, unsent, err) })
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ func TestCallToDeadNodeIsNeverSent(t *testing.T) {
 	l.Close() // a dead node: connection refused
 	conns := peerconn.New(func(uint64) (string, bool) { return addr, true })
 	defer conns.Close()
-	c := NewClient(conns)
+	c := NewClient(conns, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err = c.Call(ctx, 7, &CallRequest{Op: OpClusterInfo})

@@ -187,7 +187,8 @@ func (s *Server) open() error {
 		dialOpts = append(dialOpts, rpccodec.ClusterDialOptions(s.id.ClusterID)...)
 		s.peers = peerconn.New(s.membership.Resolve, dialOpts...)
 		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.peers, s.log)
-		s.rpc = kvapi.NewClient(s.peers)
+		s.rpc = kvapi.NewClient(s.peers, s.log)
+		s.registry.MustRegister(s.rpc.Collectors()...)
 	}
 	var transport raftgroup.Transport
 	if s.transport != nil {
