@@ -273,17 +273,19 @@ brain_work() {
 		/^brain_raft_deposed_proposals_total\{fate="applied"\}/ { v[8] += $NF }
 		/^brain_raft_deposed_proposals_total\{fate="dropped"\}/ { v[9] += $NF }
 		/^brain_raft_deposed_proposals_total\{fate="unknown"\}/ { v[10] += $NF }
-		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10] }' "$1"
+		/^brain_internal_calls_broken_total\{sent="true"\}/ { v[11] += $NF }
+		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11] }' "$1"
 }
 
 # work_per_create BEFORE AFTER OPS: brain_work's counts per operation, and
-# the fates of the writes deposed leaders had in flight (counts).
+# the fates of the writes deposed leaders had in flight and the calls to
+# other nodes a broken connection failed after they were sent (counts).
 work_per_create() {
 	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
-		for (i = 8; i <= 10; i++) d[i] = y[i] - x[i]
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10] }'
+		for (i = 8; i <= 11; i++) d[i] = y[i] - x[i]
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11] }'
 }
 
 # split points: the prefix of every resource, sorted.
@@ -422,7 +424,13 @@ measure() {
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
 	"$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json" || true
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
-	run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json" || return 0
+	[[ -n $w0 ]] && w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
+	if ! run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json"; then
+		# What went on inside (leaders deposed, connections broken) is
+		# what a stopped run needs explained; per create of TOTAL.
+		[[ -n $w0 ]] && say "$kind, $n node(s), $workload: stopped early; per create of $TOTAL: $(work_per_create "$w0" "$w1" "$TOTAL")"
+		return 0
+	fi
 	watch_report "$kind, $n node(s), $workload" "$json"
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
@@ -433,7 +441,6 @@ measure() {
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
 	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
 	if [[ -n $w0 ]]; then
-		w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
 		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$TOTAL")"
 	fi
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
