@@ -165,12 +165,18 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			continue
 		case errors.As(err, &un):
 			s.hints.set(group, 0)
+			if !idempotent && !un.notSent {
+				// It may have executed: before the connection broke, or
+				// after the caller stopped waiting. Never "no leader",
+				// which etcd clients retry by themselves, as etcd says it
+				// only of writes it did not execute.
+				if err := ctx.Err(); err != nil {
+					return err // etcd's "request timed out"
+				}
+				return partition.ErrLeaderChanged
+			}
 			if ctx.Err() != nil {
 				return ErrNoLeader
-			}
-			if !idempotent && !un.notSent {
-				// It may have executed before the connection broke.
-				return partition.ErrLeaderChanged
 			}
 			if err := sleep(ctx, retryBackoff); err != nil {
 				return ErrNoLeader

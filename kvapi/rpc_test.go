@@ -54,3 +54,31 @@ func TestErrorCodesRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestSentWriteTimeoutIsNotNoLeader checks a forwarded write whose
+// request ran out of time after it reached the leader's node is answered
+// as timed out (it may have executed), never as "no leader": etcd clients
+// retry a write on "no leader" by themselves, as etcd answers it only for
+// writes it did not execute, so a retry could apply it twice.
+func TestSentWriteTimeoutIsNotNoLeader(t *testing.T) {
+	h := &echoHandler{ended: make(chan error, 4), deadlines: make(chan time.Time, 4)}
+	c, _ := serveInternal(t, h, &internalServiceDesc)
+	s, err := NewStore(Config{Self: 2, RPC: c, LeaderHint: func(uint64) uint64 { return 1 }, Routes: []Route{{ID: FirstPartition}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	args := func() ([]byte, error) { return nil, nil }
+	// The handler of OpRequestClose answers only once its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = s.call(ctx, FirstPartition, OpRequestClose, false, nil, args, nil)
+	if errors.Is(err, ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a sent write past its deadline: %v, want the deadline exceeded (etcd's request timed out)", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.call(ctx, FirstPartition, OpRequestClose, true, nil, args, nil); !errors.Is(err, ErrNoLeader) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("an idempotent call past its deadline: %v, want no leader or the deadline exceeded", err)
+	}
+}
