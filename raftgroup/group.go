@@ -393,21 +393,18 @@ func (g *Group) failAllWaiters(err error) {
 func (g *Group) steppedDown(grace time.Duration) {
 	var failed []*waiter
 	g.waiters.Lock()
+	// Every accepted fate waiter is an orphan now, with those of an
+	// earlier step-down still waiting.
+	g.waiters.orphans = 0
 	for id, w := range g.waiters.m {
 		switch {
 		case w.fate && w.term != 0:
+			g.waiters.orphans++
 			g.waiters.orphanTerm = max(g.waiters.orphanTerm, w.term)
 		case w.fate:
 		default:
 			delete(g.waiters.m, id)
 			failed = append(failed, w)
-		}
-	}
-	// Count them all, with those of an earlier step-down still waiting.
-	g.waiters.orphans = 0
-	for _, w := range g.waiters.m {
-		if w.fate && w.term != 0 && w.term <= g.waiters.orphanTerm {
-			g.waiters.orphans++
 		}
 	}
 	var dead []*waiter
