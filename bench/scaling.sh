@@ -255,7 +255,9 @@ per_create() {
 # every node's /metrics on EPS, which are kept in FILE), summed: raft
 # message batches and messages received, raft rounds, log syncs, writes
 # forwarded to a leader, TSO requests from other nodes, feed messages
-# streamed to other nodes.
+# streamed to other nodes; and as counts: the fates of writes at deposed
+# leaders, sent calls lost to broken connections, leaderships gained and
+# leader transfers (MsgTimeoutNow received).
 brain_work() {
 	local ep
 	for ep in ${EPS//,/ }; do
@@ -274,7 +276,9 @@ brain_work() {
 		/^brain_raft_deposed_proposals_total\{fate="dropped"\}/ { v[9] += $NF }
 		/^brain_raft_deposed_proposals_total\{fate="unknown"\}/ { v[10] += $NF }
 		/^brain_internal_calls_broken_total\{sent="true"\}/ { v[11] += $NF }
-		END { printf "%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11] }' "$1"
+		/^brain_raft_leadership_changes_total\{change="gained"\}/ { v[12] += $NF }
+		/^brain_raft_messages_received_total\{type="MsgTimeoutNow"\}/ { v[13] += $NF }
+		END { for (i = 1; i <= 13; i++) printf "%.0f%s", v[i], (i < 13 ? " " : "\n") }' "$1"
 }
 
 # work_per_create BEFORE AFTER OPS: brain_work's counts per operation, and
@@ -284,8 +288,8 @@ work_per_create() {
 	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
-		for (i = 8; i <= 11; i++) d[i] = y[i] - x[i]
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11] }'
+		for (i = 8; i <= 13; i++) d[i] = y[i] - x[i]
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13] }'
 }
 
 # split points: the prefix of every resource, sorted.

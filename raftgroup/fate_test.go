@@ -127,6 +127,9 @@ func TestDeposedLeaderLearnsItsCommandApplied(t *testing.T) {
 	if got := deposed(d.old, "applied"); got != 1 {
 		t.Fatalf("deposed proposals applied = %v, want 1", got)
 	}
+	if lost, gained := counterValue(d.old.host.metrics.leadership[false]), counterValue(d.next.host.metrics.leadership[true]); lost != 1 || gained != 1 {
+		t.Fatalf("leaderships lost by the deposed leader %v, gained by the next %v; want 1 and 1", lost, gained)
+	}
 }
 
 // TestDeposedLeaderLearnsItsCommandDropped: a leader cut off from sending

@@ -539,6 +539,7 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 		wasLeader := g.isLeader
 		g.isLeader = ss.RaftState == raft.StateLeader
 		if wasLeader != g.isLeader {
+			h.metrics.leadership[g.isLeader].Inc()
 			h.log.Info("raft leadership changed", "group", g.id, "leader", g.isLeader, "term", g.term, "lead", strconv.FormatUint(ss.Lead, 16))
 		}
 		if wasLeader && !g.isLeader {

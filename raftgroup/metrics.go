@@ -18,6 +18,7 @@ type metrics struct {
 	messagesReceived  *prometheus.CounterVec
 	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
 	heartbeatsSkipped prometheus.Counter
+	leadership        map[bool]prometheus.Counter // brain_raft_leadership_changes_total's children: gained (true), lost (false)
 	leader            *prometheus.GaugeVec
 	term              *prometheus.GaugeVec
 	appliedIndex      *prometheus.GaugeVec
@@ -71,6 +72,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "brain_raft_applied_index", Help: "The raft group's applied index on this node.",
 		}, []string{"group"}),
 	}
+	leadership := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_raft_leadership_changes_total",
+		Help: "Leaderships of raft groups this node gained or lost (elections and transfers; as etcd_server_leader_changes_seen_total, but counted by the node that led).",
+	}, []string{"change"})
+	m.leadership = map[bool]prometheus.Counter{true: leadership.WithLabelValues("gained"), false: leadership.WithLabelValues("lost")}
 	m.receivedByType = make(map[raftpb.MessageType]prometheus.Counter, len(peerMessageTypes))
 	for _, t := range peerMessageTypes {
 		m.receivedByType[t] = m.messagesReceived.WithLabelValues(t.String())
@@ -79,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
