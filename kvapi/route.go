@@ -21,7 +21,8 @@ const (
 
 // attemptTimeout bounds one attempt of a quick idempotent call (quickOp),
 // so a call to a node that stopped answering is retried at the group's new
-// leader; longer calls rely on keepalive to break such connections.
+// leader; longer calls rely on their deadlines and on keepalive (see
+// rpccodec.PeerKeepaliveTime) to break such connections.
 const attemptTimeout = time.Second
 
 func quickOp(op Op) bool {

@@ -82,16 +82,36 @@ type scattered interface {
 	Scattered
 }
 
+// Keepalive of connections between nodes. A side that has read nothing
+// from its peer for PeerKeepaliveTime pings it, and closes the connection
+// if it then reads nothing for PeerKeepaliveTimeout more: a connection to
+// a node that stopped (paused, partitioned) breaks instead of hanging its
+// streams and calls.
+//
+// The bound must not be reached by a node that is only slow. A node
+// starved of CPU by its cgroup quota, or a test process under -race on a
+// loaded machine, can fail to read for a second or two; with 1 s and 1 s
+// such nodes lost their connections, and every forwarded write in flight
+// on them failed with "leader changed". etcd's peer streams time out
+// after 5 s of silence (rafthttp's ConnReadTimeout); so do these.
+//
+// The dialling side pings after PeerDialKeepaliveTime at the earliest:
+// gRPC clients may not ping more often than every 10 s. Calls carry their
+// own deadlines, so a request to a stopped node fails in its time anyway.
+const (
+	PeerKeepaliveTime     = 2 * time.Second
+	PeerKeepaliveTimeout  = 3 * time.Second
+	PeerDialKeepaliveTime = 10 * time.Second
+)
+
 // PeerDialOptions are the dial options of connections between nodes: the
-// codec, message limits, keepalive pings so a connection to a node that
-// stopped answering (paused, partitioned) breaks within about two seconds
-// instead of hanging its requests, and static flow-control windows (see
-// StaticWindow).
+// codec, message limits, keepalive pings (see PeerKeepaliveTime) and
+// static flow-control windows (see StaticWindow).
 func PeerDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: time.Second, Timeout: time.Second, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: PeerDialKeepaliveTime, Timeout: PeerKeepaliveTimeout, PermitWithoutStream: true}),
 		grpc.WithStaticStreamWindowSize(StaticWindow),
 		grpc.WithStaticConnWindowSize(StaticWindow),
 	}
@@ -120,7 +140,7 @@ func PeerServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(1 << 30),
 		grpc.MaxSendMsgSize(1 << 30),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 500 * time.Millisecond, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Second, Timeout: time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: PeerKeepaliveTime, Timeout: PeerKeepaliveTimeout}),
 		grpc.StaticStreamWindowSize(StaticWindow),
 		grpc.StaticConnWindowSize(StaticWindow),
 	}
