@@ -20,6 +20,8 @@
 # only load-based splitting can spread: brain runs it with HOT_FLAGS
 # (load-based splits, fast rebalancing) and HOT_WARMUP warm-up puts under
 # the prefix, then waits HOT_SETTLE for replicas and leaders to move.
+# Every brain measurement starts once no leadership has moved for SETTLE
+# seconds (see --settle).
 #
 # Side by side (--side-by-side 3, the default): two independent 3-node
 # clusters, each under half the clients and half the creates, at the same
@@ -50,7 +52,7 @@ CLIENTS_PER_NODE=${CLIENTS_PER_NODE:-0}
 CONNS=${CONNS:-32}                # gRPC connections
 VALUE_SIZE=${VALUE_SIZE:-1024}    # bytes per value
 TOTAL=${TOTAL:-20000}             # creates per measurement
-WARMUP=${WARMUP:-2000}            # puts before measuring (leaders settle)
+WARMUP=${WARMUP:-2000}            # puts before measuring
 RESOURCES=${RESOURCES:-configmaps,deployments,endpoints,events,leases,namespaces,nodes,pods,replicasets,secrets,serviceaccounts,services}
 HOT=${HOT:-1}                     # 1: also measure the one-prefix load
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-3}   # sizes N also measured as two N-node clusters side by side ("" for none)
@@ -77,6 +79,15 @@ HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (repli
 # hold each measurement's median; rounds.tsv holds every one, and the
 # summary prints each round's ratios between sizes and their median.
 REPEAT=${REPEAT:-1}
+# Brain's leaders move after a cluster starts: elections place them
+# anywhere, then every node's leader balancer (each 5 s) hands the groups
+# it leads to their preferred nodes, ~10 transfers at 6 nodes, each
+# pausing a partition's writes. After the warm-up, wait until no
+# leadership has moved for SETTLE seconds (at most SETTLE_MAX; then
+# measure anyway, with a warning), so that every measurement is of a
+# settled cluster. 0: don't wait (measure straight after the warm-up).
+SETTLE=${SETTLE:-12}
+SETTLE_MAX=${SETTLE_MAX:-90}
 PROFILE=${PROFILE:-0}             # >0: CPU-profile every brain node for this many seconds of each measurement (OUT/*.pprof)
 # >0: after each measurement's warm-up, the cluster sits this many
 # seconds without load and the CPU its nodes use meanwhile is reported:
@@ -91,7 +102,7 @@ IDLE=${IDLE:-0}
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -103,7 +114,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS REPEAT PROFILE IDLE; do
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -281,6 +292,37 @@ brain_work() {
 		END { for (i = 1; i <= 13; i++) printf "%.0f%s", v[i], (i < 13 ? " " : "\n") }' "$1"
 }
 
+# leaderships_gained ENDPOINTS: the leaderships of groups the nodes at
+# ENDPOINTS (comma separated) gained since they started, summed.
+leaderships_gained() {
+	local ep
+	for ep in ${1//,/ }; do
+		curl -s --max-time 5 "http://$ep/metrics" || true
+	done | awk '/^brain_raft_leadership_changes_total\{change="gained"\}/ { s += $NF } END { printf "%.0f\n", s }'
+}
+
+# settle_leaders LABEL ENDPOINTS: waits until no leadership moved on the
+# nodes at ENDPOINTS for SETTLE seconds, at most SETTLE_MAX (see SETTLE).
+settle_leaders() {
+	((SETTLE > 0)) || return 0
+	local start=$SECONDS quiet=$SECONDS moved=0 last now
+	last=$(leaderships_gained "$2")
+	while ((SECONDS - quiet < SETTLE)); do
+		if ((SECONDS - start >= SETTLE_MAX)); then
+			say "$1: WARNING: leaderships still moving after ${SETTLE_MAX}s ($moved moved); measuring anyway"
+			return 0
+		fi
+		sleep 1
+		now=$(leaderships_gained "$2")
+		if ((now != last)); then
+			moved=$((moved + now - last))
+			last=$now
+			quiet=$SECONDS
+		fi
+	done
+	say "$1: leaders settled ($moved leaderships moved after the warm-up, none in the last ${SETTLE}s)"
+}
+
 # work_per_create BEFORE AFTER OPS: brain_work's counts per operation, and
 # the fates of the writes deposed leaders had in flight and the calls to
 # other nodes a broken connection failed after they were sent (counts).
@@ -416,6 +458,7 @@ measure() {
 		sleep "$HOT_SETTLE"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
+	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
 	idle_report "$kind" "$n" "$kind, $n node(s), $workload"
 	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
 	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
@@ -546,6 +589,9 @@ measure_pair() {
 		bench_args "${eps[i]}" "$(clients_for "$n" 2)" "$((CONNS / 2))"
 		"$BIN/brainbench" put "${BENCH_ARGS[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$RESOURCES" --quiet >/dev/null 2>&1 || true
 	done
+	if [[ $kind == brain ]]; then
+		for i in 0 1; do settle_leaders "$label, cluster $((i + 1))" "${eps[i]}"; done
+	fi
 	b0=$(host_busy)
 	c0=$(for side in a b; do PREFIX=$base-$side node_cpu "$kind" "$n" | sed "s/^/$side/"; done)
 	io0=$(for side in a b; do PREFIX=$base-$side node_io "$kind" "$n"; done | awk '{ r += $1; w += $2; f += $3 } END { print r, w, f }')
