@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var clients []*clientv3.Client
 	newClient := func() (*clientv3.Client, error) {
 		cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: time.Second, Logger: zap.NewNop(),
-			DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+			DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: time.Second}) // 10 s: gRPC raises any lower keepalive time to it
 		if err == nil {
 			clients = append(clients, cl)
 		}

@@ -60,7 +60,7 @@ func TestFailoverKillAndPause(t *testing.T) {
 	eps := cl.Endpoints()
 	newClient := func() *clientv3.Client {
 		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(),
-			DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+			DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: time.Second}) // 10 s: gRPC raises any lower keepalive time to it
 		if err != nil {
 			t.Fatal(err)
 		}

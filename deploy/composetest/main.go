@@ -41,7 +41,7 @@ func main() {
 
 func client(eps ...string) *clientv3.Client {
 	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second, Logger: zap.NewNop(),
-		DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+		DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: time.Second}) // 10 s: gRPC raises any lower keepalive time to it
 	if err != nil {
 		log.Fatal(err)
 	}
