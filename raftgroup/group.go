@@ -85,10 +85,15 @@ type Status struct {
 	// Match is, on a leader of a group with learners, the highest log
 	// index known replicated on each replica (learner catch-up).
 	Match map[uint64]uint64
-	// Active is, on a leader, the replicas raft heard from recently (within
-	// the current election timeout; the leader included): a replica on a
-	// node that just died drops out within an election timeout, long
-	// before gossip declares the node dead.
+	// Active is, on a leader, the replicas raft heard from recently (the
+	// leader included): those it found recently active within the last
+	// election timeout. A replica on a node that just died drops out
+	// within two election timeouts, long before gossip declares the node
+	// dead. Raft's own flag (RecentActive) is cleared for every follower
+	// at each election timeout (CheckQuorum) until its next answer, so
+	// read alone it left live followers out of about one Status in ten
+	// of an idle group, and a leader balancer round that looked then
+	// skipped them as transfer targets.
 	Active []uint64
 }
 
@@ -137,6 +142,9 @@ type Group struct {
 	// learnerQuiet counts the heartbeats left out to each learner since
 	// the last one sent (heartbeatNeedless); worker-owned.
 	learnerQuiet map[uint64]int
+	// activeSeen is, on a leader, when publishStatus last found each
+	// replica recently active in raft (Status.Active); worker-owned.
+	activeSeen map[uint64]time.Time
 	// readIndexes waiting for a ReadState, by request context; worker-owned.
 	readIndexes map[string]*readIndexReq
 	waiters     struct {
@@ -708,14 +716,24 @@ func (g *Group) publishStatus() {
 		if len(g.conf.Learners) > 0 {
 			match = make(map[uint64]uint64, len(g.conf.Voters)+len(g.conf.Learners))
 		}
+		if g.activeSeen == nil {
+			g.activeSeen = make(map[uint64]time.Time)
+		}
+		now := time.Now()
+		window := time.Duration(g.host.cfg.ElectionTicks) * g.host.cfg.TickInterval
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
 			if match != nil {
 				match[id] = pr.Match
 			}
 			if pr.RecentActive || id == g.host.cfg.NodeID {
+				g.activeSeen[id] = now
+			}
+			if t, ok := g.activeSeen[id]; ok && now.Sub(t) <= window {
 				active = append(active, id)
 			}
 		})
+	} else {
+		clear(g.activeSeen)
 	}
 	g.status.Store(&Status{
 		Match:          match,
