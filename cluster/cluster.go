@@ -30,12 +30,17 @@ type NodeInfo struct {
 	// measured yet (it got their leadership since its last window): Load
 	// is low by their rates.
 	Unmeasured int `json:"unmeasured,omitempty"`
+	// Windows counts the windows the node measured its load over since it
+	// started, so others can tell a load measured after some moment from
+	// an older one.
+	Windows uint64 `json:"windows,omitempty"`
 }
 
 // NodeLoad is a node's published leader load.
 type NodeLoad struct {
 	Load       float64
 	Unmeasured int
+	Windows    uint64
 }
 
 // Config configures Membership.
@@ -179,12 +184,12 @@ func (m *Membership) SetLeads(groups []uint64) {
 	}
 }
 
-// SetLoad publishes this node's leader write load (NodeInfo.Load and
-// Unmeasured).
+// SetLoad publishes this node's leader write load (NodeInfo.Load,
+// Unmeasured and Windows).
 func (m *Membership) SetLoad(l NodeLoad) {
 	m.mu.Lock()
-	same := m.mu.self.Load == l.Load && m.mu.self.Unmeasured == l.Unmeasured
-	m.mu.self.Load, m.mu.self.Unmeasured = l.Load, l.Unmeasured
+	same := m.mu.self.Load == l.Load && m.mu.self.Unmeasured == l.Unmeasured && m.mu.self.Windows == l.Windows
+	m.mu.self.Load, m.mu.self.Unmeasured, m.mu.self.Windows = l.Load, l.Unmeasured, l.Windows
 	m.mu.Unlock()
 	if !same {
 		_ = m.ml.UpdateNode(time.Second)
@@ -196,10 +201,10 @@ func (m *Membership) SetLoad(l NodeLoad) {
 func (m *Membership) Loads() map[uint64]NodeLoad {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := map[uint64]NodeLoad{m.mu.self.ID: {m.mu.self.Load, m.mu.self.Unmeasured}}
+	out := map[uint64]NodeLoad{m.mu.self.ID: {m.mu.self.Load, m.mu.self.Unmeasured, m.mu.self.Windows}}
 	for id, n := range m.mu.nodes {
 		if n.alive && id != m.mu.self.ID {
-			out[id] = NodeLoad{n.info.Load, n.info.Unmeasured}
+			out[id] = NodeLoad{n.info.Load, n.info.Unmeasured, n.info.Windows}
 		}
 	}
 	return out

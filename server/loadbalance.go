@@ -31,13 +31,17 @@ import (
 //
 //   - moves the busiest partition whose move makes the busier of the two
 //     nodes less busy - target load + rate < own load - slack - to the
-//     least loaded settled voter: only once rounds at least a split
-//     window apart chose the same move (each node measures on its own
-//     clock, so when load starts or shifts some rates are a window old; a
-//     move chosen on them alone would follow load that is already
-//     elsewhere),
-//     at most one such move per round, and none for two split windows
-//     after one, so the loads gossiped reflect it before the next;
+//     least loaded settled voter, only once every round chose a load
+//     move for it while this node and the target measured two new
+//     windows. Each node measures on its own clock, so when load starts,
+//     stops or shifts, the loads compared are of windows that end up to
+//     a window apart, and one may have begun before the change; each
+//     node's second new window began after the rounds began choosing the
+//     move, so a move still chosen then follows loads measured under the
+//     same load, not a ramp. (Nodes gossip how many windows they
+//     measured with their load.) At most one such move per round, and
+//     none for two split windows after one, so the loads gossiped
+//     reflect it before the next;
 //   - otherwise hands the partition to its preferred node (the placement
 //     rotation's) if that does not leave the preferred node busier than
 //     this one is now by more than the slack: target load + rate <= own
@@ -62,19 +66,38 @@ type leaderLoad struct {
 	// rates is the write rate of each partition this node led through the
 	// last split window.
 	rates map[uint64]float64
+	// windows counts the windows rates were measured over.
+	windows uint64
 	// lastMove is when this node last moved a leadership for load.
 	lastMove time.Time
-	// round counts the balancer's rounds; chosen is the load move the
-	// rounds up to the last one chose for each partition, since when.
+	// round counts the balancer's rounds; chosen is, for each partition,
+	// the load moves the rounds up to the last one chose, and since which
+	// of the nodes' windows.
 	round  int64
 	chosen map[uint64]chosenMove
 }
 
 type chosenMove struct {
-	to    uint64
-	since time.Time
-	round int64 // the last round that chose it
+	ownAt uint64            // this node's window count when rounds began choosing a load move
+	toAt  map[uint64]uint64 // each target's window count when a round first chose it
+	round int64             // the last round that chose a load move
 }
+
+// loadView is what one balancer round knows of the nodes' leader loads:
+// each node's load, the nodes that lead partitions they have not measured
+// yet, and how many windows each node measured.
+type loadView struct {
+	loads     map[uint64]float64
+	unsettled map[uint64]bool
+	windows   map[uint64]uint64
+}
+
+// confirmWindows is how many windows of its own and of its target's a node
+// waits for, with every round choosing a load move for the partition,
+// before making it: the first may have begun before the loads that chose
+// it changed. A node that publishes no count (one older than the count)
+// gets no load moves.
+const confirmWindows = 2
 
 // nextRound starts a balancer round.
 func (l *leaderLoad) nextRound() {
@@ -84,21 +107,42 @@ func (l *leaderLoad) nextRound() {
 }
 
 // confirmLoadMove records that this round chose to move group id's
-// leadership to node to for load, and reports whether every round for at
-// least window, up to this one, chose it.
-func (l *leaderLoad) confirmLoadMove(id, to uint64, window time.Duration, now time.Time) bool {
+// leadership for load, to node to, when this node and node to had
+// measured own and target windows, and reports whether every round chose
+// a load move for it since this node measured confirmWindows more, and
+// node to did since a round first chose it. The target may differ from
+// round to round (two voters of nearly equal loads trade places with the
+// rates' noise); a round that chose no load move, or skipped the group,
+// starts over, as does a target whose count went back (it restarted).
+func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64) bool {
 	l.Lock()
 	defer l.Unlock()
 	if l.chosen == nil {
 		l.chosen = make(map[uint64]chosenMove)
 	}
 	c, ok := l.chosen[id]
-	if !ok || c.to != to || c.round != l.round-1 {
-		c = chosenMove{to: to, since: now}
+	if at, seen := c.toAt[to]; !ok || c.round != l.round-1 || own < c.ownAt || (seen && target < at) {
+		c = chosenMove{ownAt: own, toAt: map[uint64]uint64{}}
+	}
+	if _, seen := c.toAt[to]; !seen {
+		c.toAt[to] = target
 	}
 	c.round = l.round
 	l.chosen[id] = c
-	return now.Sub(c.since) >= window
+	return own >= c.ownAt+confirmWindows && target >= c.toAt[to]+confirmWindows
+}
+
+// decide is one balancer round's decision for group id, which this node
+// (self) leads and which took rate writes/s: where its leadership goes (0:
+// it stays), and whether that is a load move. A load move pickLeader
+// chooses is made only once confirmLoadMove confirms it.
+func (l *leaderLoad) decide(self, id, pref uint64, rate float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+	to, forLoad = pickLeader(self, pref, rate, v.loads, v.unsettled, candidates, byLoad)
+	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to]) {
+		return 0, false
+	}
+	l.forgetLoadMove(id)
+	return to, forLoad
 }
 
 // forgetLoadMove drops group id's chosen load move (it moved, or a round
@@ -118,6 +162,7 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	}
 	s.load.Lock()
 	s.load.rates = rates
+	s.load.windows++
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
 }
@@ -135,7 +180,7 @@ func (s *Server) leaderRate(id uint64) float64 {
 func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
-	var l cluster.NodeLoad
+	l := cluster.NodeLoad{Windows: s.load.windows}
 	for _, id := range led {
 		if !s.isPartition(id) {
 			continue
@@ -151,20 +196,21 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 
 // nodeLoads returns the leader load of every alive node (this node's from
 // the partitions it leads now, the others' as gossiped: at most a gossip
-// round old, as each node publishes its own with its leaderships), and
-// the nodes that lead partitions they have not measured yet, whose load
-// is low by an unknown amount.
-func (s *Server) nodeLoads(led []uint64) (loads map[uint64]float64, unsettled map[uint64]bool) {
-	loads, unsettled = map[uint64]float64{}, map[uint64]bool{}
+// round old, as each node publishes its own with its leaderships), the
+// nodes that lead partitions they have not measured yet, whose load is
+// low by an unknown amount, and how many windows each measured.
+func (s *Server) nodeLoads(led []uint64) loadView {
+	v := loadView{loads: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
 	all := s.membership.Loads()
 	all[s.id.MemberID] = s.ownLoad(led)
 	for id, l := range all {
-		loads[id] = l.Load
+		v.loads[id] = l.Load
+		v.windows[id] = l.Windows
 		if l.Unmeasured > 0 {
-			unsettled[id] = true
+			v.unsettled[id] = true
 		}
 	}
-	return loads, unsettled
+	return v
 }
 
 // pickLeader decides where the leadership of a partition that self leads,

@@ -3,7 +3,6 @@ package server
 import (
 	"math/rand/v2"
 	"testing"
-	"time"
 )
 
 func TestPickLeader(t *testing.T) {
@@ -94,44 +93,49 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 }
 
 // TestLoadMoveNeedsConfirmation checks a load move is made only once
-// consecutive rounds chose it for a window: a round choosing another
-// target, or none, or a round that skipped the group, starts over.
+// consecutive rounds chose a load move for the group while this node and
+// the target measured two new windows each: a round choosing none, or a
+// round that skipped the group, starts over, and so does a target whose
+// count went back (it restarted); a target first chosen later needs two
+// windows of its own since.
 func TestLoadMoveNeedsConfirmation(t *testing.T) {
-	const window = 10 * time.Second
-	t0 := time.Unix(1000, 0)
 	var l leaderLoad
-	step := func(id, to uint64, at time.Duration) bool {
+	step := func(id, to, own, target uint64) bool {
 		l.nextRound()
-		return l.confirmLoadMove(id, to, window, t0.Add(at))
+		return l.confirmLoadMove(id, to, own, target)
 	}
 	for i, c := range []struct {
-		to   uint64
-		at   time.Duration
-		want bool
+		to, own, target uint64
+		want            bool
 	}{
-		{to: 2, at: 0, want: false},
-		{to: 2, at: 5 * time.Second, want: false},
-		{to: 2, at: 10 * time.Second, want: true},
-		{to: 3, at: 15 * time.Second, want: false}, // another target: starts over
-		{to: 3, at: 20 * time.Second, want: false},
-		{to: 3, at: 25 * time.Second, want: true},
+		{to: 2, own: 10, target: 20, want: false},
+		{to: 2, own: 11, target: 21, want: false},
+		{to: 2, own: 12, target: 21, want: false}, // the target's second window is still to come
+		{to: 2, own: 12, target: 22, want: true},
+		{to: 3, own: 13, target: 5, want: false}, // another target: two windows of its own
+		{to: 3, own: 14, target: 6, want: false},
+		{to: 2, own: 14, target: 22, want: true}, // back to the first: its windows still count
+		{to: 3, own: 15, target: 7, want: true},
+		{to: 3, own: 16, target: 1, want: false}, // the target restarted: starts over
+		{to: 3, own: 17, target: 2, want: false},
+		{to: 3, own: 18, target: 3, want: true},
 	} {
-		if got := step(7, c.to, c.at); got != c.want {
-			t.Fatalf("step %d (to %d at %v): confirmed %v, want %v", i, c.to, c.at, got, c.want)
+		if got := step(7, c.to, c.own, c.target); got != c.want {
+			t.Fatalf("step %d (to %d, windows %d and %d): confirmed %v, want %v", i, c.to, c.own, c.target, got, c.want)
 		}
 	}
 	// A round that did not choose it (the group was skipped) in between.
-	step(8, 2, 0)
+	step(8, 2, 0, 0)
 	l.nextRound()
-	if step(8, 2, 20*time.Second) {
+	if step(8, 2, 2, 2) {
 		t.Fatal("a move chosen again after a round that skipped it was confirmed at once")
 	}
-	if !step(8, 2, 30*time.Second) {
-		t.Fatal("a move chosen for a window of consecutive rounds was not confirmed")
+	if !step(8, 2, 4, 4) {
+		t.Fatal("a move chosen through two windows of consecutive rounds was not confirmed")
 	}
 	// Forgotten (a round chose no load move): starts over.
 	l.forgetLoadMove(8)
-	if step(8, 2, 45*time.Second) {
+	if step(8, 2, 6, 6) {
 		t.Fatal("a forgotten move was confirmed at once")
 	}
 }

@@ -135,7 +135,7 @@ func (s *Server) balanceLeaders() {
 
 // balanceLeadersOnce is one round of balanceLeaders.
 func (s *Server) balanceLeadersOnce() {
-	loads, unsettled := s.nodeLoads(s.Leading())
+	view := s.nodeLoads(s.Leading())
 	s.load.nextRound()
 	s.load.Lock()
 	byLoad := time.Since(s.load.lastMove) > 2*s.cfg.SplitWindow
@@ -183,17 +183,13 @@ func (s *Server) balanceLeadersOnce() {
 			}
 			continue
 		}
-		to, forLoad := pickLeader(s.id.MemberID, pref, rates[id], loads, unsettled, candidates, byLoad)
-		if forLoad && !s.load.confirmLoadMove(id, to, s.cfg.SplitWindow, time.Now()) {
-			continue
-		}
-		s.load.forgetLoadMove(id)
+		to, forLoad := s.load.decide(s.id.MemberID, id, pref, rates[id], view, candidates, byLoad)
 		if to == 0 {
 			continue
 		}
 		if forLoad {
 			s.log.Info("moving a partition's leadership for load", "group", id, "to", formatID(to),
-				"writes_per_second", rates[id], "load", loads[s.id.MemberID], "target_load", loads[to])
+				"writes_per_second", rates[id], "load", view.loads[s.id.MemberID], "target_load", view.loads[to])
 			byLoad = false
 			s.load.Lock()
 			s.load.lastMove = time.Now()
@@ -204,8 +200,8 @@ func (s *Server) balanceLeadersOnce() {
 		}
 		s.transferLeadership(g, to)
 		if !g.Status().IsLeader {
-			loads[s.id.MemberID] -= rates[id]
-			loads[to] += rates[id]
+			view.loads[s.id.MemberID] -= rates[id]
+			view.loads[to] += rates[id]
 		}
 	}
 }

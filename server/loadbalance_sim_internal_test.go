@@ -1,0 +1,242 @@
+package server
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/brainkv/brain/cluster"
+)
+
+// balanceSim simulates the leader balancer's load rule (leaderLoad.decide)
+// on n nodes leading 12 partitions by the placement rotation, through a
+// load that starts at L and stops at E. Every node measures its windows
+// and runs its rounds on its own clock (random phases), and sees the
+// others' loads as they published them a second earlier.
+type balanceSim struct {
+	n    int
+	L, E time.Duration
+	hot  float64 // partition 0's write rate, in multiples of the others'
+	r    *rand.Rand
+
+	leader []int // partition -> node (0-based)
+	nodes  []*simNode
+
+	loadMoves, preferredMoves int
+	late                      []string // load moves after E+window
+}
+
+type simNode struct {
+	phaseW, phaseR time.Duration
+	rates          map[uint64]float64
+	windows        uint64
+	pub            []simPub // what it published, when it changed
+	ll             leaderLoad
+	lastMove       time.Duration
+}
+
+type simPub struct {
+	at time.Duration
+	l  cluster.NodeLoad
+}
+
+const (
+	simWindow = 10 * time.Second
+	simRound  = 5 * time.Second
+	simDelay  = time.Second
+	simTick   = 100 * time.Millisecond
+	simParts  = 12
+	simRate   = 90.0
+)
+
+func newBalanceSim(seed uint64, n int, hot float64, loadFor time.Duration) *balanceSim {
+	r := rand.New(rand.NewPCG(seed, 7))
+	s := &balanceSim{n: n, hot: hot, r: r, leader: make([]int, simParts)}
+	s.L = time.Duration(20+r.IntN(10)) * time.Second
+	s.E = s.L + loadFor + time.Duration(r.IntN(10))*time.Second
+	for p := range s.leader {
+		s.leader[p] = p % n
+	}
+	for range n {
+		s.nodes = append(s.nodes, &simNode{
+			phaseW:   time.Duration(r.Int64N(int64(simWindow/simTick))) * simTick,
+			phaseR:   time.Duration(r.Int64N(int64(simRound/simTick))) * simTick,
+			rates:    map[uint64]float64{},
+			lastMove: -time.Hour,
+		})
+	}
+	return s
+}
+
+// voters returns partition p's voters: one copyset of three.
+func (s *balanceSim) voters(p int) []int {
+	base := (p % s.n) / 3 * 3
+	return []int{base, base + 1, base + 2}
+}
+
+// measured is partition p's write rate over the window [a, b), with 10%
+// noise.
+func (s *balanceSim) measured(p int, a, b time.Duration) float64 {
+	lo, hi := max(a, s.L), min(b, s.E)
+	if hi <= lo {
+		return 0
+	}
+	rate := simRate
+	if p == 0 {
+		rate *= s.hot
+	}
+	return rate * (0.9 + 0.2*s.r.Float64()) * float64(hi-lo) / float64(b-a)
+}
+
+// own is node i's leader load now, as ownLoad computes it.
+func (s *balanceSim) own(i int) cluster.NodeLoad {
+	nd := s.nodes[i]
+	l := cluster.NodeLoad{Windows: nd.windows}
+	for p, at := range s.leader {
+		if at != i {
+			continue
+		}
+		if x, ok := nd.rates[uint64(p)]; ok {
+			l.Load += x
+		} else {
+			l.Unmeasured++
+		}
+	}
+	return l
+}
+
+// view is node i's loadView at now.
+func (s *balanceSim) view(i int, now time.Duration) loadView {
+	v := loadView{loads: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
+	for j, o := range s.nodes {
+		var l cluster.NodeLoad
+		if j == i {
+			l = s.own(i)
+		} else {
+			for _, pb := range o.pub {
+				if pb.at <= now-simDelay {
+					l = pb.l
+				}
+			}
+		}
+		v.loads[uint64(j+1)] = l.Load
+		v.windows[uint64(j+1)] = l.Windows
+		if l.Unmeasured > 0 {
+			v.unsettled[uint64(j+1)] = true
+		}
+	}
+	return v
+}
+
+// round is node i's balancer round at now, as balanceLeadersOnce runs it.
+func (s *balanceSim) round(i int, now time.Duration) {
+	nd := s.nodes[i]
+	v := s.view(i, now)
+	nd.ll.nextRound()
+	byLoad := now-nd.lastMove > 2*simWindow
+	var led []int
+	for p, at := range s.leader {
+		if at == i {
+			led = append(led, p)
+		}
+	}
+	slices.SortStableFunc(led, func(a, b int) int { return cmp.Compare(nd.rates[uint64(b)], nd.rates[uint64(a)]) })
+	self := uint64(i + 1)
+	for _, p := range led {
+		var cands []uint64
+		for _, x := range s.voters(p) {
+			if x != i {
+				cands = append(cands, uint64(x+1))
+			}
+		}
+		rate := nd.rates[uint64(p)]
+		to, forLoad := nd.ll.decide(self, uint64(p), uint64(p%s.n+1), rate, v, cands, byLoad)
+		if to == 0 {
+			continue
+		}
+		if forLoad {
+			s.loadMoves++
+			if now >= s.E+simWindow {
+				s.late = append(s.late, fmt.Sprintf("%v: node %d moved partition %d to node %d (loads %v)", now, self, p, to, v.loads))
+			}
+			byLoad = false
+			nd.lastMove = now
+		} else {
+			s.preferredMoves++
+		}
+		s.leader[p] = int(to - 1)
+		v.loads[self] -= rate
+		v.loads[to] += rate
+	}
+}
+
+// run simulates until a minute after the load stops.
+func (s *balanceSim) run() {
+	for now := time.Duration(0); now < s.E+time.Minute; now += simTick {
+		for i, nd := range s.nodes {
+			if now >= simWindow && (now-nd.phaseW)%simWindow == 0 {
+				nd.rates = map[uint64]float64{}
+				for p, at := range s.leader {
+					if at == i {
+						nd.rates[uint64(p)] = s.measured(p, now-simWindow, now)
+					}
+				}
+				nd.windows++
+			}
+			if l := s.own(i); len(nd.pub) == 0 || nd.pub[len(nd.pub)-1].l != l {
+				nd.pub = append(nd.pub, simPub{now, l})
+			}
+		}
+		for i, nd := range s.nodes {
+			if (now-nd.phaseR)%simRound == 0 {
+				s.round(i, now)
+			}
+		}
+	}
+}
+
+// TestLoadMovesFollowSteadyLoad: under an even load (every node leads as
+// many partitions, each as busy), no round moves a leadership, however
+// the nodes' windows and rounds fall against the load's start and end.
+// When a window of rounds choosing a move was enough, the ramps made load
+// moves: nodes compared a window measured under the load with one begun
+// before it (4 in 200 runs of 3 nodes, 1 in 200 of 6, in the simulation;
+// 1-3 in 8 measurements of the scaling benchmark). An uneven load (one
+// partition four times as busy as the others) still moves a leadership
+// while it lasts. (A marginal imbalance, chosen on and off with the
+// rates' noise, can still be confirmed as the load stops: the test logs
+// how many such late moves it saw; they move no load that is still
+// there.)
+func TestLoadMovesFollowSteadyLoad(t *testing.T) {
+	for _, n := range []int{3, 6} {
+		var moves int
+		for seed := range uint64(300) {
+			s := newBalanceSim(seed, n, 1, 15*time.Second)
+			s.run()
+			if s.loadMoves+s.preferredMoves > 0 {
+				t.Errorf("%d nodes, seed %d, even load %v-%v: %d load moves, %d preferred moves", n, seed, s.L, s.E, s.loadMoves, s.preferredMoves)
+			}
+			moves += s.loadMoves
+		}
+		t.Logf("%d nodes, even load: %d load moves in 300 runs", n, moves)
+	}
+	for _, n := range []int{3, 6} {
+		var moves, late int
+		for seed := range uint64(100) {
+			s := newBalanceSim(seed, n, 4, time.Minute)
+			s.run()
+			if s.loadMoves == 0 {
+				t.Errorf("%d nodes, seed %d, a hot partition %v-%v: no load move", n, seed, s.L, s.E)
+			}
+			for _, l := range s.late {
+				t.Logf("%d nodes, seed %d, a hot partition %v-%v: a load move after the load stopped: %s", n, seed, s.L, s.E, l)
+			}
+			moves += s.loadMoves
+			late += len(s.late)
+		}
+		t.Logf("%d nodes, a hot partition: %d load moves in 100 runs, %d of them a window or more after the load stopped", n, moves, late)
+	}
+}
