@@ -50,18 +50,18 @@ func (t tee) Write(b []byte) (int, error) {
 	return t.Conn.Write(b)
 }
 
-type teeListener struct {
+// wrapListener wraps every connection it accepts with wrap.
+type wrapListener struct {
 	net.Listener
-	mu  *sync.Mutex
-	out *bytes.Buffer
+	wrap func(net.Conn) net.Conn
 }
 
-func (l teeListener) Accept() (net.Conn, error) {
+func (l wrapListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return tee{c, l.mu, l.out}, nil
+	return l.wrap(c), nil
 }
 
 // controlFrames makes calls echoing size bytes each over one connection
@@ -77,7 +77,7 @@ func controlFrames(t *testing.T, calls, size int, srvOpts []grpc.ServerOption, d
 	}
 	srv := grpc.NewServer(srvOpts...)
 	srv.RegisterService(&echoDesc, nil)
-	go srv.Serve(teeListener{l, &mu, &fromServer})
+	go srv.Serve(wrapListener{l, func(c net.Conn) net.Conn { return tee{c, &mu, &fromServer} }})
 	defer srv.Stop()
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)

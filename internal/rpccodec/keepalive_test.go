@@ -66,28 +66,15 @@ func (c gatedConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// closeWatch records when the server closes an accepted connection.
-type closeWatch struct {
-	net.Listener
+// closeNotice closes closed (once) when the connection is closed.
+type closeNotice struct {
+	net.Conn
 	closed chan struct{}
 	once   *sync.Once
 }
 
-func (l closeWatch) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return closeNotice{c, l}, nil
-}
-
-type closeNotice struct {
-	net.Conn
-	l closeWatch
-}
-
 func (c closeNotice) Close() error {
-	c.l.once.Do(func() { close(c.l.closed) })
+	c.once.Do(func() { close(c.closed) })
 	return c.Conn.Close()
 }
 
@@ -104,7 +91,8 @@ func stallPeer(t *testing.T) (*gate, *grpc.ClientConn, <-chan struct{}, *atomic.
 	closed := make(chan struct{})
 	srv := grpc.NewServer(PeerServerOptions()...)
 	srv.RegisterService(&echoDesc, nil)
-	go srv.Serve(closeWatch{l, closed, new(sync.Once)})
+	once := new(sync.Once)
+	go srv.Serve(wrapListener{l, func(c net.Conn) net.Conn { return closeNotice{c, closed, once} }})
 	t.Cleanup(srv.Stop)
 	g := newGate()
 	var dials atomic.Int32
