@@ -270,11 +270,7 @@ per_create() {
 # leaders, sent calls lost to broken connections, leaderships gained and
 # leader transfers (MsgTimeoutNow received).
 brain_work() {
-	local ep
-	for ep in ${EPS//,/ }; do
-		echo "# node $ep"
-		curl -s --max-time 5 "http://$ep/metrics" || true
-	done >"$1"
+	node_metrics "$EPS" >"$1"
 	awk '
 		/^brain_raft_batches_received_total / { v[1] += $NF }
 		/^brain_raft_messages_received_total[{ ]/ { v[2] += $NF }
@@ -292,13 +288,21 @@ brain_work() {
 		END { for (i = 1; i <= 13; i++) printf "%.0f%s", v[i], (i < 13 ? " " : "\n") }' "$1"
 }
 
+# node_metrics ENDPOINTS: the /metrics of every node at ENDPOINTS (comma
+# separated), each after a "# node ENDPOINT" line; a node that does not
+# answer within 5 s adds nothing.
+node_metrics() {
+	local ep
+	for ep in ${1//,/ }; do
+		echo "# node $ep"
+		curl -s --max-time 5 "http://$ep/metrics" || true
+	done
+}
+
 # leaderships_gained ENDPOINTS: the leaderships of groups the nodes at
 # ENDPOINTS (comma separated) gained since they started, summed.
 leaderships_gained() {
-	local ep
-	for ep in ${1//,/ }; do
-		curl -s --max-time 5 "http://$ep/metrics" || true
-	done | awk '/^brain_raft_leadership_changes_total\{change="gained"\}/ { s += $NF } END { printf "%.0f\n", s }'
+	node_metrics "$1" | awk '/^brain_raft_leadership_changes_total\{change="gained"\}/ { s += $NF } END { printf "%.0f\n", s }'
 }
 
 # settle_leaders LABEL ENDPOINTS: waits until no leadership moved on the
