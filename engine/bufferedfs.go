@@ -21,7 +21,8 @@ import (
 // sstWriteBuffer is how much of an sstable is gathered per write call.
 const sstWriteBuffer = 256 << 10
 
-// bufferedFS is a vfs.FS whose new sstables buffer their writes.
+// bufferedFS is a vfs.FS whose new sstables buffer their writes, and whose
+// new WAL files preallocate as they grow (walFile).
 type bufferedFS struct{ vfs.FS }
 
 // Unwrap implements vfs.FS (vfs.Root).
@@ -30,6 +31,9 @@ func (fs bufferedFS) Unwrap() vfs.FS { return fs.FS }
 // Create implements vfs.FS.
 func (fs bufferedFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.Create(name, category)
+	if err == nil && strings.HasSuffix(name, ".log") {
+		return &walFile{File: f}, nil // walprealloc.go
+	}
 	if err != nil || !strings.HasSuffix(name, ".sst") {
 		return f, err
 	}
