@@ -22,6 +22,13 @@ type NodeInfo struct {
 	PeerAddr   string   `json:"peer"`   // host:port of the internal gRPC service (raft, kvapi)
 	ClientURLs []string `json:"client"` // etcd API URLs
 	Leads      []uint64 `json:"leads"`  // raft groups this node leads
+	// NodeLoad is the node's leader write load; its fields travel at the
+	// top level of the JSON ("load", "unmeasured", "windows").
+	NodeLoad
+}
+
+// NodeLoad is a node's published leader load.
+type NodeLoad struct {
 	// Load is the writes per second the partitions this node leads took
 	// over the last window it measured them in (the leader balancer evens
 	// it out).
@@ -34,13 +41,6 @@ type NodeInfo struct {
 	// started, so others can tell a load measured after some moment from
 	// an older one.
 	Windows uint64 `json:"windows,omitempty"`
-}
-
-// NodeLoad is a node's published leader load.
-type NodeLoad struct {
-	Load       float64
-	Unmeasured int
-	Windows    uint64
 }
 
 // Config configures Membership.
@@ -184,12 +184,11 @@ func (m *Membership) SetLeads(groups []uint64) {
 	}
 }
 
-// SetLoad publishes this node's leader write load (NodeInfo.Load,
-// Unmeasured and Windows).
+// SetLoad publishes this node's leader write load (NodeInfo.NodeLoad).
 func (m *Membership) SetLoad(l NodeLoad) {
 	m.mu.Lock()
-	same := m.mu.self.Load == l.Load && m.mu.self.Unmeasured == l.Unmeasured && m.mu.self.Windows == l.Windows
-	m.mu.self.Load, m.mu.self.Unmeasured, m.mu.self.Windows = l.Load, l.Unmeasured, l.Windows
+	same := m.mu.self.NodeLoad == l
+	m.mu.self.NodeLoad = l
 	m.mu.Unlock()
 	if !same {
 		_ = m.ml.UpdateNode(time.Second)
@@ -201,10 +200,10 @@ func (m *Membership) SetLoad(l NodeLoad) {
 func (m *Membership) Loads() map[uint64]NodeLoad {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := map[uint64]NodeLoad{m.mu.self.ID: {m.mu.self.Load, m.mu.self.Unmeasured, m.mu.self.Windows}}
+	out := map[uint64]NodeLoad{m.mu.self.ID: m.mu.self.NodeLoad}
 	for id, n := range m.mu.nodes {
 		if n.alive && id != m.mu.self.ID {
-			out[id] = NodeLoad{n.info.Load, n.info.Unmeasured, n.info.Windows}
+			out[id] = n.info.NodeLoad
 		}
 	}
 	return out

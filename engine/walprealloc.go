@@ -27,8 +27,7 @@ const walPreallocChunk = 1 << 20
 
 type walFile struct {
 	vfs.File
-	off      int64 // bytes written through Write
-	prealloc int64 // preallocated up to here
+	off int64 // bytes written through Write; preallocated up to off rounded up to a chunk
 }
 
 // Preallocate implements vfs.File: Pebble's request is dropped, as Write
@@ -37,14 +36,17 @@ func (f *walFile) Preallocate(offset, length int64) error { return nil }
 
 // Write implements io.Writer, first preallocating the chunks it reaches.
 func (f *walFile) Write(p []byte) (int, error) {
-	if end := f.off + int64(len(p)); end > f.prealloc {
-		next := (end + walPreallocChunk - 1) / walPreallocChunk * walPreallocChunk
+	if have, end := chunkEnd(f.off), f.off+int64(len(p)); end > have {
 		// Best effort, as Pebble's own: a file system that cannot
 		// preallocate still takes the write.
-		_ = f.File.Preallocate(f.prealloc, next-f.prealloc)
-		f.prealloc = next
+		_ = f.File.Preallocate(have, chunkEnd(end)-have)
 	}
 	n, err := f.File.Write(p)
 	f.off += int64(n)
 	return n, err
+}
+
+// chunkEnd rounds off up to a multiple of walPreallocChunk.
+func chunkEnd(off int64) int64 {
+	return (off + walPreallocChunk - 1) / walPreallocChunk * walPreallocChunk
 }
