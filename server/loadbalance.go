@@ -78,9 +78,10 @@ type leaderLoad struct {
 }
 
 type chosenMove struct {
-	ownAt uint64            // this node's window count when rounds began choosing a load move
-	toAt  map[uint64]uint64 // each target's window count when a round first chose it
-	round int64             // the last round that chose a load move
+	ownAt   uint64            // this node's window count when rounds began choosing a load move
+	ownLoad float64           // and its load then
+	toAt    map[uint64]uint64 // each target's window count when a round first chose it
+	round   int64             // the last round that chose a load move
 }
 
 // loadView is what one balancer round knows of the nodes' leader loads:
@@ -99,6 +100,14 @@ type loadView struct {
 // gets no load moves.
 const confirmWindows = 2
 
+// loadFallRestarts is the fraction by which a node's own load may fall
+// while rounds choose a load move before the choice starts over: the load
+// is going away (it stops, or the node shed other leaderships), and a
+// marginal imbalance that noise keeps choosing on and off would otherwise
+// be confirmed as it goes. A load that grows only makes the move more
+// worthwhile.
+const loadFallRestarts = 0.25
+
 // nextRound starts a balancer round.
 func (l *leaderLoad) nextRound() {
 	l.Lock()
@@ -108,21 +117,24 @@ func (l *leaderLoad) nextRound() {
 
 // confirmLoadMove records that this round chose to move group id's
 // leadership for load, to node to, when this node and node to had
-// measured own and target windows, and reports whether every round chose
-// a load move for it since this node measured confirmWindows more, and
-// node to did since a round first chose it. The target may differ from
-// round to round (two voters of nearly equal loads trade places with the
-// rates' noise); a round that chose no load move, or skipped the group,
-// starts over, as does a target whose count went back (it restarted).
-func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64) bool {
+// measured own and target windows and this node's load was ownLoad, and
+// reports whether every round chose a load move for it since this node
+// measured confirmWindows more, and node to did since a round first chose
+// it. The target may differ from round to round (two voters of nearly
+// equal loads trade places with the rates' noise); a round that chose no
+// load move, or skipped the group, starts over, as does a target whose
+// count went back (it restarted) and a load that fell by more than
+// loadFallRestarts since the choice began.
+func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64, ownLoad float64) bool {
 	l.Lock()
 	defer l.Unlock()
 	if l.chosen == nil {
 		l.chosen = make(map[uint64]chosenMove)
 	}
 	c, ok := l.chosen[id]
-	if at, seen := c.toAt[to]; !ok || c.round != l.round-1 || own < c.ownAt || (seen && target < at) {
-		c = chosenMove{ownAt: own, toAt: map[uint64]uint64{}}
+	if at, seen := c.toAt[to]; !ok || c.round != l.round-1 || own < c.ownAt || (seen && target < at) ||
+		ownLoad < (1-loadFallRestarts)*c.ownLoad {
+		c = chosenMove{ownAt: own, ownLoad: ownLoad, toAt: map[uint64]uint64{}}
 	}
 	if _, seen := c.toAt[to]; !seen {
 		c.toAt[to] = target
@@ -138,7 +150,7 @@ func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64) bool {
 // chooses is made only once confirmLoadMove confirms it.
 func (l *leaderLoad) decide(self, id, pref uint64, rate float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
 	to, forLoad = pickLeader(self, pref, rate, v.loads, v.unsettled, candidates, byLoad)
-	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to]) {
+	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to], v.loads[self]) {
 		return 0, false
 	}
 	l.forgetLoadMove(id)

@@ -96,14 +96,16 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 // consecutive rounds chose a load move for the group while this node and
 // the target measured two new windows each: a round choosing none, or a
 // round that skipped the group, starts over, and so does a target whose
-// count went back (it restarted); a target first chosen later needs two
+// count went back (it restarted), and so does a load of this node's that
+// fell by more than a quarter; a target first chosen later needs two
 // windows of its own since.
 func TestLoadMoveNeedsConfirmation(t *testing.T) {
 	var l leaderLoad
-	step := func(id, to, own, target uint64) bool {
+	stepAt := func(id, to, own, target uint64, load float64) bool {
 		l.nextRound()
-		return l.confirmLoadMove(id, to, own, target)
+		return l.confirmLoadMove(id, to, own, target, load)
 	}
+	step := func(id, to, own, target uint64) bool { return stepAt(id, to, own, target, 100) }
 	for i, c := range []struct {
 		to, own, target uint64
 		want            bool
@@ -137,5 +139,24 @@ func TestLoadMoveNeedsConfirmation(t *testing.T) {
 	l.forgetLoadMove(8)
 	if step(8, 2, 6, 6) {
 		t.Fatal("a forgotten move was confirmed at once")
+	}
+	// This node's load: growing, or falling by less than a quarter, does
+	// not matter; falling by more (the load is going away) starts over.
+	l.forgetLoadMove(9)
+	for i, c := range []struct {
+		own, target uint64
+		load        float64
+		want        bool
+	}{
+		{own: 1, target: 1, load: 100, want: false},
+		{own: 2, target: 2, load: 300, want: false},
+		{own: 3, target: 3, load: 80, want: true},  // 80% of where the choice began
+		{own: 4, target: 4, load: 74, want: false}, // below 75%: starts over at 74
+		{own: 5, target: 5, load: 60, want: false},
+		{own: 6, target: 6, load: 56, want: true},
+	} {
+		if got := stepAt(9, 2, c.own, c.target, c.load); got != c.want {
+			t.Fatalf("load step %d (windows %d, load %v): confirmed %v, want %v", i, c.own, c.load, got, c.want)
+		}
 	}
 }

@@ -206,10 +206,10 @@ func (s *balanceSim) run() {
 // before it (4 in 200 runs of 3 nodes, 1 in 200 of 6, in the simulation;
 // 1-3 in 8 measurements of the scaling benchmark). An uneven load (one
 // partition four times as busy as the others) still moves a leadership
-// while it lasts. (A marginal imbalance, chosen on and off with the
-// rates' noise, can still be confirmed as the load stops: the test logs
-// how many such late moves it saw; they move no load that is still
-// there.)
+// while it lasts, and none once it stopped: a marginal imbalance, chosen
+// on and off with the rates' noise, was confirmed as the load went away
+// (7 of 100 runs of 3 nodes) until a choice started over when the node's
+// own load fell by more than a quarter (loadFallRestarts).
 func TestLoadMovesFollowSteadyLoad(t *testing.T) {
 	for _, n := range []int{3, 6} {
 		var moves int
@@ -232,7 +232,7 @@ func TestLoadMovesFollowSteadyLoad(t *testing.T) {
 				t.Errorf("%d nodes, seed %d, a hot partition %v-%v: no load move", n, seed, s.L, s.E)
 			}
 			for _, l := range s.late {
-				t.Logf("%d nodes, seed %d, a hot partition %v-%v: a load move after the load stopped: %s", n, seed, s.L, s.E, l)
+				t.Errorf("%d nodes, seed %d, a hot partition %v-%v: a load move after the load stopped: %s", n, seed, s.L, s.E, l)
 			}
 			moves += s.loadMoves
 			late += len(s.late)
