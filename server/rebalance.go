@@ -61,6 +61,7 @@ func (s *Server) rebalanceReplicas() {
 		case <-t.C:
 		}
 		members := s.clusterMembers()
+		s.offPlacement.Set(float64(s.countOffPlacement(members)))
 		if !s.allMembersUp(members) {
 			clear(seen)
 			continue
@@ -94,6 +95,36 @@ func (s *Server) rebalanceReplicas() {
 			break // one move per node and interval
 		}
 	}
+}
+
+// countOffPlacement returns how many of the partitions this node leads
+// have voters other than their placement's, or learners.
+func (s *Server) countOffPlacement(members []member) int {
+	n := 0
+	for _, id := range s.groupIDs() {
+		if allMembersGroup(id) {
+			continue
+		}
+		g := s.host.Group(id)
+		if g == nil {
+			continue
+		}
+		st := g.Status()
+		if !st.IsLeader {
+			continue
+		}
+		if offPlacement(st, s.placementVoters(id, members)) {
+			n++
+		}
+	}
+	return n
+}
+
+// offPlacement reports whether a partition with status st is not at its
+// placement want: other voters, or learners (a move under way).
+func offPlacement(st raftgroup.Status, want []uint64) bool {
+	return len(st.Learners) > 0 || len(st.Voters) != len(want) ||
+		slices.ContainsFunc(st.Voters, func(v uint64) bool { return !slices.Contains(want, v) })
 }
 
 // allMembersUp reports whether every member is alive as far as gossip

@@ -69,6 +69,7 @@ type Server struct {
 	splits           *prometheus.CounterVec
 	balanceTransfers *prometheus.CounterVec // leader balancer's transfers, by reason
 	leaderWriteRate  prometheus.Gauge       // writes/s of the partitions this node leads
+	offPlacement     prometheus.Gauge       // partitions this node leads whose replicas are not at their placement
 	refused          prometheus.Counter     // peer calls refused as another cluster's
 	refusedLog       atomic.Int64           // unix nanos of the last refusal logged
 	internalCalls    *prometheus.CounterVec // calls other nodes made here, by op
@@ -132,10 +133,13 @@ func New(cfg Config) (*Server, error) {
 	s.leaderWriteRate = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "brain_leader_write_rate", Help: "Writes per second the partitions this node leads took over the last split window (its leader load, gossiped to the leader balancer).",
 	})
+	s.offPlacement = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "brain_partitions_off_placement", Help: "Partitions this node leads whose voters are not their placement's, or that have learners: replica moves (rebalancing or repair) still to do. 0 on every node: the cluster is balanced.",
+	})
 	s.feedSent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_feed_messages_sent_total", Help: "Messages of partition feeds this node streamed to other nodes' watch hubs, by kind (events: with events; closed: a closed revision only).",
 	}, []string{"kind"})
-	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate)
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.offPlacement)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
@@ -463,6 +467,7 @@ func (s *Server) publishLeads() {
 		leads := s.Leading()
 		s.membership.SetLeads(leads)
 		s.membership.SetLoad(s.ownLoad(leads))
+		s.membership.SetAway(s.awayLoad(leads))
 	})
 }
 

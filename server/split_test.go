@@ -469,9 +469,20 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, k := range []string{"/registry/pods/b", "/registry/pods/c", "/registry/pods/d"} {
-		if _, _, err := c.Nodes[0].Split(ctx, []byte(k)); err != nil {
+	if _, _, err := c.Nodes[0].Split(ctx, []byte("/registry/pods/b")); err != nil {
+		t.Fatalf("split at /registry/pods/b: %v", err)
+	}
+	// Splits that choose their partition's ID residue (as load splits
+	// do, childplace.go), through nodes that are and are not the meta
+	// group's leader: the ID has the residue asked for.
+	for i, k := range []string{"/registry/pods/c", "/registry/pods/d"} {
+		mod, rem := uint64(5+2*i), uint64(3+i)
+		_, child, err := c.Nodes[1+i].Store().SplitPlaced(ctx, []byte(k), mod, rem)
+		if err != nil {
 			t.Fatalf("split at %s: %v", k, err)
+		}
+		if child%mod != rem {
+			t.Fatalf("split at %s through node %d made partition %d, want an ID of %d modulo %d", k, 1+i, child, rem, mod)
 		}
 	}
 	// Where each pods partition's leader and voters are.
@@ -497,17 +508,31 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 		}
 		return leaders, voterSets, true
 	}
+	// brain_partitions_off_placement counts, on each leader, the
+	// partitions whose replicas still have to move.
+	offPlacement := func() float64 {
+		var sum float64
+		for _, n := range c.Nodes {
+			sum += gaugeValue(t, n, "brain_partitions_off_placement")
+		}
+		return sum
+	}
+	sawOff := false
 	deadline := time.Now().Add(90 * time.Second)
 	for {
+		sawOff = sawOff || offPlacement() > 0
 		leaders, sets, ok := placement()
-		if ok && len(leaders) >= 3 && len(sets) >= 2 {
+		if ok && len(leaders) >= 3 && len(sets) >= 2 && offPlacement() == 0 {
 			t.Logf("pods partitions led by %d nodes, on %d replica sets", len(leaders), len(sets))
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 90s the 4 pods partitions are led by %d nodes, on %d replica sets: want >= 3 leaders and >= 2 sets", len(leaders), len(sets))
+			t.Fatalf("after 90s the 4 pods partitions are led by %d nodes, on %d replica sets, %v off their placement: want >= 3 leaders, >= 2 sets, none off", len(leaders), len(sets), offPlacement())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	if !sawOff {
+		t.Error("brain_partitions_off_placement never counted a split partition whose replicas had to move")
 	}
 	// Every partition serves, through every node.
 	for i := range c.Nodes {
