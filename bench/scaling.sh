@@ -73,6 +73,12 @@ BRAIN_FLAGS=${BRAIN_FLAGS:-}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
+# Then, at most this many seconds more until every split partition's
+# replicas are at its placement (brain_partitions_off_placement is 0 on
+# every node), so the hot measurement is of the spread cluster, not of
+# one still moving replicas (each move a snapshot of the partition).
+# 0: don't wait.
+HOT_PLACEMENT_MAX=${HOT_PLACEMENT_MAX:-240}
 # Rounds: every measurement is made this many times, the sizes
 # alternating within a round (3, 6, 3, 6, ...), so that a drift of the
 # host's speed falls on both sides of a ratio. results.tsv and the plot
@@ -102,7 +108,7 @@ IDLE=${IDLE:-0}
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -114,7 +120,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -327,6 +333,27 @@ settle_leaders() {
 	say "$1: leaders settled ($moved leaderships moved after the warm-up, none in the last ${SETTLE}s)"
 }
 
+# settle_placement LABEL ENDPOINTS: waits until no node at ENDPOINTS leads
+# a partition off its placement, twice in a row 2 s apart, for at most
+# HOT_PLACEMENT_MAX seconds, and says how long that took and how many
+# partitions the cluster has.
+settle_placement() {
+	((HOT_PLACEMENT_MAX > 0)) || return 0
+	local start=$SECONDS zeros=0 off parts
+	while ((zeros < 2)); do
+		off=$(node_metrics "$2" | awk '/^brain_partitions_off_placement / { s += $NF } END { print s + 0 }')
+		if ((off == 0)); then zeros=$((zeros + 1)); else zeros=0; fi
+		((zeros < 2)) || break
+		if ((SECONDS - start >= HOT_PLACEMENT_MAX)); then
+			say "$1: WARNING: $off partition(s) still off their placement after ${HOT_PLACEMENT_MAX}s more; measuring anyway"
+			return 0
+		fi
+		sleep 2
+	done
+	parts=$(node_metrics "$2" | awk '/^brain_raft_is_leader\{group="[0-9]+"\} 1/ { split($1, a, "\""); if (a[2] + 0 >= 100) n++ } END { print n + 0 }')
+	say "$1: every partition's replicas at its placement $((SECONDS - start))s after the settle ($parts partitions)"
+}
+
 # work_per_create BEFORE AFTER OPS: brain_work's counts per operation, and
 # the fates of the writes deposed leaders had in flight and the calls to
 # other nodes a broken connection failed after they were sent (counts).
@@ -460,6 +487,7 @@ measure() {
 	if [[ $workload == hot && $kind == brain ]]; then
 		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
 		sleep "$HOT_SETTLE"
+		settle_placement "$kind, $n node(s), $workload" "$EPS"
 		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
 	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
