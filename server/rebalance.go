@@ -141,16 +141,27 @@ func (s *Server) allMembersUp(members []member) bool {
 // rebalanceStep returns the next replica move of partition id toward its
 // placement: from a voter outside the placement to a placement node that
 // is not a voter (to is 0 when only the removal of from is left: a move
-// was interrupted after the promotion). ok is false if the group is at
-// its placement or is changing in a way repair owns (fewer voters than
-// the replication factor, or a learner outside the placement).
+// was interrupted after the promotion, or from is a left-over learner).
+// ok is false if the group is at its placement or is changing in a way
+// repair owns (fewer voters than the replication factor, or a learner
+// outside the placement on a removed node or next to a removed voter).
 func (s *Server) rebalanceStep(id uint64, st raftgroup.Status, members []member) (from, to uint64, ok bool) {
 	want := s.placementVoters(id, members)
 	rf := len(want)
+	isMember := func(n uint64) bool { return slices.ContainsFunc(members, func(m member) bool { return m.ID == n }) }
 	for _, l := range st.Learners {
-		if !slices.Contains(want, l) {
-			return 0, 0, false
+		if slices.Contains(want, l) {
+			continue
 		}
+		// A member's learner outside the placement, while every voter is
+		// a member (so repair has no voter to replace), is left over: a
+		// move that stopped half way, or the learner a split's new
+		// partition took over from a move of its parent. Nothing else
+		// would ever remove it (a hot run's child kept one for minutes).
+		if isMember(l) && !slices.ContainsFunc(st.Voters, func(v uint64) bool { return !isMember(v) }) {
+			return l, 0, true
+		}
+		return 0, 0, false
 	}
 	outside := slices.DeleteFunc(slices.Clone(st.Voters), func(n uint64) bool { return slices.Contains(want, n) })
 	if len(outside) == 0 {

@@ -32,6 +32,8 @@ func TestRebalanceStep(t *testing.T) {
 		{"the removal of a replica outside", []uint64{1, 3, 4, 2}, nil, 2, 0, true},
 		{"repair owns a group short of voters", []uint64{2, 3}, nil, 0, 0, false},
 		{"repair owns a foreign learner", []uint64{1, 2, 3}, []uint64{5}, 0, 0, false},
+		{"repair owns a learner next to a removed voter", []uint64{1, 3, 5}, []uint64{2}, 0, 0, false},
+		{"a member's left-over learner at the placement", []uint64{1, 3, 4}, []uint64{2}, 2, 0, true},
 	} {
 		st := raftgroup.Status{Voters: tc.voters, Learners: tc.learners}
 		from, to, ok := s.rebalanceStep(id, st, members)
