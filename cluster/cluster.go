@@ -7,7 +7,6 @@ import (
 	"log"
 	"log/slog"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,16 +25,6 @@ type NodeInfo struct {
 	// NodeLoad is the node's leader write load; its fields travel at the
 	// top level of the JSON ("load", "unmeasured", "windows").
 	NodeLoad
-	// Away is the part of the load that is about to leave the node: the
-	// writes/s of the partitions it leads whose replicas are moving to
-	// another placement, by the node that will lead them there.
-	Away []Away `json:"away,omitempty"`
-}
-
-// Away is load a node leads that will move to node Node.
-type Away struct {
-	Node uint64  `json:"n"`
-	Rate float64 `json:"r"`
 }
 
 // NodeLoad is a node's published leader load.
@@ -206,32 +195,6 @@ func (m *Membership) SetLoad(l NodeLoad) {
 	}
 }
 
-// SetAway publishes the load this node leads that will move to other
-// nodes (NodeInfo.Away).
-func (m *Membership) SetAway(a []Away) {
-	m.mu.Lock()
-	same := slices.Equal(m.mu.self.Away, a)
-	m.mu.self.Away = slices.Clone(a)
-	m.mu.Unlock()
-	if !same {
-		_ = m.ml.UpdateNode(time.Second)
-	}
-}
-
-// Aways returns, for every alive node gossip knows, this one included,
-// the load it published as about to move away (SetAway).
-func (m *Membership) Aways() map[uint64][]Away {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	out := map[uint64][]Away{m.mu.self.ID: slices.Clone(m.mu.self.Away)}
-	for id, n := range m.mu.nodes {
-		if n.alive && id != m.mu.self.ID && len(n.info.Away) > 0 {
-			out[id] = slices.Clone(n.info.Away)
-		}
-	}
-	return out
-}
-
 // Loads returns the leader write load of every alive node gossip knows,
 // this one included, as last published.
 func (m *Membership) Loads() map[uint64]NodeLoad {
@@ -355,10 +318,6 @@ func (d delegate) NodeMeta(limit int) []byte {
 	b, _ := json.Marshal(self)
 	if len(b) > limit {
 		self.Leads = nil // too many groups to gossip; peers learn from errors
-		b, _ = json.Marshal(self)
-	}
-	if len(b) > limit {
-		self.Away = nil // placement then chooses by current loads
 		b, _ = json.Marshal(self)
 	}
 	return b

@@ -272,16 +272,7 @@ func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error
 		}
 		return nil, m.SetMember(ctx, mem)
 	case OpMetaAllocPartition:
-		// Args: mod and rem, or none (from a node that predates them).
-		var mod, rem int64
-		if len(req.Args) > 0 {
-			v, _, err := readInts(req.Args, 2)
-			if err != nil || v[0] < 0 || v[1] < 0 {
-				return nil, errCorruptCall
-			}
-			mod, rem = v[0], v[1]
-		}
-		id, err := m.AllocPartitionID(ctx, uint64(mod), uint64(rem))
+		id, err := m.AllocPartitionID(ctx)
 		return ints(int64(id)), err
 	case OpMetaRecordSplits:
 		var splits []meta.Split

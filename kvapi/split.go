@@ -20,23 +20,16 @@ import (
 // Split splits the partition holding key at key and returns the parent
 // and the new partition. It returns once this node routes by the new map.
 func (s *Store) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
-	return s.SplitPlaced(ctx, key, 0, 0)
-}
-
-// SplitPlaced is Split with the new partition's ID congruent to rem
-// modulo mod (mod > 1; see meta.AllocPartitionID): the caller chooses the
-// new partition's placement, a function of its ID.
-func (s *Store) SplitPlaced(ctx context.Context, key []byte, mod, rem uint64) (parent, child uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
 	defer cancel()
 	if rt := s.table().routeFor(key); bytes.Equal(rt.Start, key) {
 		return 0, 0, partition.ErrBadSplitKey // a boundary already
 	}
 	err = s.metaCall(ctx, OpMetaAllocPartition, func() error {
-		id, err := s.meta.AllocPartitionID(ctx, mod, rem)
+		id, err := s.meta.AllocPartitionID(ctx)
 		child = id
 		return err
-	}, ints(int64(mod), int64(rem)), func(b []byte) error {
+	}, nil, func(b []byte) error {
 		v, _, err := readInts(b, 1)
 		if err == nil {
 			child = uint64(v[0])

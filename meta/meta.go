@@ -221,8 +221,7 @@ const (
 	cmdMember      byte = 6 // payload: a JSON Member (members.go)
 	// payload: a JSON []Split (splits.go)
 	cmdSplits byte = 7
-	// payload: none, or BE64 mod and BE64 rem (the ID's residue); the
-	// result is the ID (splits.go)
+	// no payload; the result is the ID (splits.go)
 	cmdAllocPartition byte = 8
 )
 

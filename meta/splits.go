@@ -90,30 +90,13 @@ func (m *Meta) RecordSplits(ctx context.Context, splits []Split) error {
 	return err
 }
 
-// AllocPartitionID returns a partition ID never handed out before. With
-// mod > 1 it is the lowest such ID congruent to rem modulo mod (the IDs
-// skipped are never handed out): a partition's placement is a function of
-// its ID, so the caller picks where a new partition goes by picking the
-// residue (server's childPlacement).
-func (m *Meta) AllocPartitionID(ctx context.Context, mod, rem uint64) (uint64, error) {
-	var payload []byte
-	if mod > 1 {
-		payload = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, mod), rem%mod)
-	}
-	res, err := m.proposePayload(ctx, cmdAllocPartition, payload)
+// AllocPartitionID returns a partition ID never handed out before.
+func (m *Meta) AllocPartitionID(ctx context.Context) (uint64, error) {
+	res, err := m.proposePayload(ctx, cmdAllocPartition, nil)
 	if err != nil {
 		return 0, err
 	}
 	return res.id, nil
-}
-
-// nextCongruent returns the lowest ID >= next congruent to rem modulo mod
-// (next itself for mod <= 1).
-func nextCongruent(next, mod, rem uint64) uint64 {
-	if mod <= 1 {
-		return next
-	}
-	return next + (rem%mod+mod-next%mod)%mod
 }
 
 // proposePayload proposes a command of the given kind in the current
@@ -151,17 +134,8 @@ func (m *Meta) applyPayload(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []b
 	defer m.mu.Unlock()
 	switch cmd[0] {
 	case cmdAllocPartition:
-		var mod, rem uint64
-		switch p := cmd[9:]; len(p) {
-		case 0:
-		case 16:
-			mod, rem = binary.BigEndian.Uint64(p), binary.BigEndian.Uint64(p[8:])
-		default:
-			m.log.Error("malformed partition allocation; rejected", "index", e.Index)
-			return result{err: errors.New("meta: malformed partition allocation")}
-		}
-		id := nextCongruent(m.mu.nextPart, mod, rem)
-		m.mu.nextPart = id + 1
+		id := m.mu.nextPart
+		m.mu.nextPart++
 		must(ac.Batch.Set(m.nextPartKey(), engine.PutUint64(nil, m.mu.nextPart), nil))
 		return result{id: id}
 	case cmdSplits:

@@ -15,7 +15,6 @@
 //	replicas.go    this node's replicas over time: added, removed, repaired
 //	move.go        manual replica moves (brainnode move-replica)
 //	splits.go      the partition map, split partitions' replicas, automatic splits
-//	childplace.go  where a load split's new partition is placed
 //	loadbalance.go moving leaderships by write load
 //	admin.go       the operator API (status, transfer-leader, move-replica, split)
 //	maintenance.go etcd's Maintenance service (status, hash, snapshot)

@@ -68,10 +68,6 @@ type leaderLoad struct {
 	rates map[uint64]float64
 	// windows counts the windows rates were measured over.
 	windows uint64
-	// splitRates is, for the partitions this node split by load in the
-	// current window and their new partitions, the rate each is expected
-	// to take (childplace.go); the next window's rates replace it.
-	splitRates map[uint64]float64
 	// lastMove is when this node last moved a leadership for load.
 	lastMove time.Time
 	// round counts the balancer's rounds; chosen is, for each partition,
@@ -179,7 +175,6 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	s.load.Lock()
 	s.load.rates = rates
 	s.load.windows++
-	clear(s.load.splitRates)
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
 }

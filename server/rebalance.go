@@ -110,10 +110,7 @@ func (s *Server) countOffPlacement(members []member) int {
 			continue
 		}
 		st := g.Status()
-		if !st.IsLeader {
-			continue
-		}
-		if offPlacement(st, s.placementVoters(id, members)) {
+		if st.IsLeader && offPlacement(st, s.placementVoters(id, members)) {
 			n++
 		}
 	}

