@@ -431,6 +431,91 @@ func TestTransferOnlyByTheLeaderOfItsTerm(t *testing.T) {
 // its log for replicated would later tell the fresh, empty replica of
 // commits beyond its log, which raft takes for a lost log and panics. The
 // fresh replica must catch up instead.
+// holdWorker keeps every worker off g, as a starved node's would be, until
+// the returned release: g is marked processing (once no worker has it), so
+// work queued for it meanwhile waits.
+func holdWorker(t *testing.T, g *Group) (release func()) {
+	t.Helper()
+	s := g.host.sched
+	s.waitIdle(g)
+	s.mu.Lock()
+	s.mu.state[g] = stateProcessing
+	s.mu.Unlock()
+	return func() { s.done(g, true) }
+}
+
+// TestStartTransferWaitsForStarvedWorker: a planned transfer asked of a
+// leader whose worker cannot run yet is neither reported started nor
+// given up until raft has seen it (its status shows no transfer meanwhile:
+// a caller that judged by that resumed writes raft then dropped, each
+// skipping a revision); one withdrawn when its context ends never
+// happens; one raft refuses is reported as not started.
+func TestStartTransferWaitsForStarvedWorker(t *testing.T) {
+	manual := func(c *Config) { c.TickInterval = time.Hour } // no elections of their own
+	_, g, follower := startLedTrio(t, NewMemTransport(), manual)
+	propose(t, g, 1)
+	term := g.Status().Term
+	ctx := context.Background()
+
+	if started, err := g.StartTransfer(ctx, g.host.cfg.NodeID, term); started || err != nil {
+		t.Fatalf("a transfer to the leader itself: started %v, err %v (want refused)", started, err)
+	}
+	if started, err := g.StartTransfer(ctx, 99, term); started || err != nil {
+		t.Fatalf("a transfer to a node outside the group: started %v, err %v (want refused)", started, err)
+	}
+
+	release := holdWorker(t, g)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	started, err := g.StartTransfer(short, follower.id, term)
+	cancel()
+	release()
+	if started || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a transfer whose context ended before a worker ran: started %v, err %v (want withdrawn)", started, err)
+	}
+	propose(t, g, 1) // the worker has run since
+	time.Sleep(100 * time.Millisecond)
+	if st := g.Status(); !st.IsLeader || st.Term != term {
+		t.Fatalf("a withdrawn transfer moved the leadership: %+v", st)
+	}
+
+	release = holdWorker(t, g)
+	answer := make(chan bool, 1)
+	go func() {
+		started, err := g.StartTransfer(ctx, follower.id, term)
+		if err != nil {
+			t.Error(err)
+		}
+		answer <- started
+	}()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case started := <-answer:
+		release()
+		t.Fatalf("a transfer was answered (started %v) while no worker could run its group", started)
+	default:
+	}
+	if st := g.Status(); st.LeadTransferee != 0 || !st.IsLeader {
+		t.Fatalf("raft saw the transfer while no worker could run its group: %+v", st)
+	}
+	release()
+	select {
+	case started := <-answer:
+		if !started {
+			t.Fatal("raft did not start a transfer to a caught-up voter")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a transfer was not answered once its group's worker could run")
+	}
+	fg := follower.host.Group(testGroup)
+	deadline := time.Now().Add(5 * time.Second)
+	for !fg.Status().IsLeader {
+		if time.Now().After(deadline) {
+			t.Fatalf("the started transfer did not happen: target %+v", fg.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestReAddDuringRemovalGrace(t *testing.T) {
 	tr := NewMemTransport()
 	_, leader, gone := startLedTrio(t, tr, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond })

@@ -130,6 +130,7 @@ type Group struct {
 		campaign    bool              // protected by inbox
 		transfer    uint64            // protected by inbox
 		transferIn  uint64            // term transfer is for (0: any); protected by inbox
+		transferred chan bool         // told what raft made of transfer (nil: no one asks); protected by inbox
 		snapReports []snapReport      // protected by inbox
 		snapData    map[uint64][]byte // received snapshot data by index; protected by inbox
 		readIndex   []*readIndexReq   // protected by inbox
@@ -367,8 +368,48 @@ func (g *Group) TransferLeadership(to uint64) { g.TransferLeadershipInTerm(to, 0
 // one term (a drained leader, a shrunk TSO window) must not transfer the
 // leadership of a later term, which it did not ready.
 func (g *Group) TransferLeadershipInTerm(to, term uint64) {
+	g.queueTransfer(to, term, nil)
+}
+
+// StartTransfer is TransferLeadershipInTerm that waits until raft has
+// taken the request up. It reports whether raft started the transfer to
+// node to, or this replica no longer led in term when it came to it
+// (either way the leadership of term may be gone soon or already). False
+// means the transfer will not happen: raft refused it (to is not a voter,
+// or is this node), a later request replaced it, or ctx ended before a
+// worker took it (it is withdrawn then, and ctx's error returned).
+//
+// A planned transfer must not judge by Status alone: the request waits in
+// the inbox until a worker runs the group, which on a starved node takes
+// longer than any fixed wait, and a leader that resumed taking writes
+// before raft started the transfer has them dropped.
+func (g *Group) StartTransfer(ctx context.Context, to, term uint64) (bool, error) {
+	done := make(chan bool, 1)
+	g.queueTransfer(to, term, done)
+	select {
+	case started := <-done:
+		return started, nil
+	case <-ctx.Done():
+	}
 	g.inbox.Lock()
-	g.inbox.transfer, g.inbox.transferIn = to, term
+	withdrawn := g.inbox.transferred == done
+	if withdrawn {
+		g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred = 0, 0, nil
+	}
+	g.inbox.Unlock()
+	if withdrawn {
+		return false, ctx.Err()
+	}
+	// A worker has the request: it answers within its current round.
+	return <-done, nil
+}
+
+func (g *Group) queueTransfer(to, term uint64, done chan bool) {
+	g.inbox.Lock()
+	if prev := g.inbox.transferred; prev != nil {
+		prev <- false // replaced before raft saw it
+	}
+	g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred = to, term, done
 	g.inbox.Unlock()
 	g.host.sched.enqueue(g)
 }
@@ -525,10 +566,10 @@ func (g *Group) addTickLocked() {
 func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks, ticksAfter := g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter
-	campaign, transfer, transferIn := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn
+	campaign, transfer, transferIn, transferred := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred
 	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter = nil, nil, 0, 0
-	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn = false, 0, 0
+	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred = false, 0, 0, nil
 	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
 
@@ -566,11 +607,19 @@ func (g *Group) drainInbox() {
 		_ = g.rn.Campaign()
 	}
 	if transfer != 0 {
+		started := true // the term's leadership is gone, or moving
 		if st := g.rn.BasicStatus(); st.RaftState == raft.StateLeader && (transferIn == 0 || st.Term == transferIn) {
 			g.rn.TransferLeader(transfer)
+			after := g.rn.BasicStatus()
+			started = after.RaftState != raft.StateLeader || after.Term != st.Term || after.LeadTransferee == transfer
 		} else {
 			g.host.log.Info("leadership transfer not made: not the leader of that term", "group", g.id, "to", strconv.FormatUint(transfer, 16), "term", st.Term, "for_term", transferIn)
 		}
+		if transferred != nil {
+			transferred <- started
+		}
+	} else if transferred != nil {
+		transferred <- false
 	}
 	for i := range msgs {
 		// Errors here are messages from unknown peers or stale terms;

@@ -602,11 +602,13 @@ func TestClusterPartitionMovesLeaveNoGap(t *testing.T) {
 	}
 	slices.Sort(revs)
 	skipped := int64(0)
+	var gaps []string // where revisions were skipped, for the failure message
 	for i, r := range revs {
 		if i > 0 && r == revs[i-1] {
 			t.Fatalf("revision %d acknowledged twice", r)
 		}
 		if want := base + 1 + int64(i) + skipped; r != want {
+			gaps = append(gaps, fmt.Sprintf("%d-%d", want, r-1))
 			skipped += r - want
 		}
 	}
@@ -614,7 +616,7 @@ func TestClusterPartitionMovesLeaveNoGap(t *testing.T) {
 	// of several revisions each; a revision or two may still be skipped
 	// under CI load (see TestClusterRevisionsDenseAcrossTSOMoves).
 	if skipped > 2 {
-		t.Fatalf("acknowledged revisions after %d skip %d revisions (%d moves, %d writes): planned moves skipped revisions", base, skipped, moves, len(revs))
+		t.Fatalf("acknowledged revisions after %d skip %d revisions %v (%d moves, %d writes): planned moves skipped revisions", base, skipped, gaps, moves, len(revs))
 	}
 	if skipped > 0 {
 		t.Logf("OPEN: %d revisions skipped across %d planned moves", skipped, moves)

@@ -242,28 +242,38 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	}
 	// Only the leadership of the term that was readied moves: a replica
 	// that lost it meanwhile must not have raft forward the transfer to a
-	// leader that took revisions.
-	g.TransferLeadershipInTerm(to, term)
-	// A transfer takes an election round. Serve again only once raft has
-	// given it up (it aborts after an election timeout): a leader serving
-	// while its transfer is pending has its proposals dropped, and a
-	// write's revision with them. Callers (transfer-leader) learn the
-	// outcome from the group's status once this returns.
-	start := time.Now()
-	for {
+	// leader that took revisions. Serve again only once raft has given the transfer up (it aborts
+	// after an election timeout), never while raft may still start or run
+	// it: a leader serving while its transfer is pending has its proposals
+	// dropped, and a write's revision with them. Callers (transfer-leader)
+	// learn the outcome from the group's status once this returns.
+	wait := 10 * s.cfg.ElectionTimeout
+	tctx, tcancel := context.WithTimeout(context.Background(), wait)
+	started, err := g.StartTransfer(tctx, to, term)
+	tcancel()
+	if err != nil {
+		s.log.Warn("leadership transfer not started in time", "group", g.ID(), "to", formatID(to), "err", err)
+	}
+	for start, seen := time.Now(), false; started; {
 		st := g.Status()
 		if !st.IsLeader || st.Term != term {
 			return
 		}
-		waited := time.Since(start)
-		if st.LeadTransferee == 0 && waited > 50*time.Millisecond {
+		// The status published before raft started the transfer shows
+		// none: only one that showed it and no longer does is an abort.
+		if st.LeadTransferee != 0 {
+			seen = true
+		} else if seen {
 			break
 		}
-		if waited > 10*s.cfg.ElectionTimeout {
+		if time.Since(start) > wait {
 			s.log.Warn("leadership transfer still pending; serving again", "group", g.ID(), "to", formatID(to))
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if st := g.Status(); !st.IsLeader || st.Term != term {
+		return
 	}
 	s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
 	if d != nil {
