@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"container/heap"
 	"encoding/binary"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,8 @@ type HubConfig struct {
 	// 1s.
 	AskAgainAfter time.Duration
 	Registerer    prometheus.Registerer
+	// Logger receives the hub's warnings; nil discards them.
+	Logger *slog.Logger
 }
 
 // Hub merges the partitions' feeds into one stream totally ordered by
@@ -126,6 +129,9 @@ type Hub struct {
 	// pausedDrops counts events of paused partitions dropped below the
 	// frontier.
 	pausedDrops prometheus.Counter
+	// prevUnreadable counts prev_kv values the hub could not load (the
+	// event goes out without its prev_kv).
+	prevUnreadable prometheus.Counter
 }
 
 // entry is one revision's events.
@@ -185,6 +191,9 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	if cfg.AskAgainAfter == 0 {
 		cfg.AskAgainAfter = time.Second
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	h := &Hub{cfg: cfg, src: src, gauges: newDemandGauges()}
 	h.view.Store(&demandView{merging: true})
 	h.mu.closed = make(map[uint64]int64)
@@ -208,8 +217,9 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.frames = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_responses_total", Help: "Watch responses sent."})
 	h.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_duplicates_total", Help: "Events a partition feed delivered twice (when a subscription starts or resumes) and the hub dropped."})
 	h.pausedDrops = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_paused_drops_total", Help: "Events of partitions this node had just stopped merging (no watch on it covers them) that its feed delivered before it stopped, below the watch frontier, and the hub dropped."})
+	h.prevUnreadable = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_prev_values_unreadable_total", Help: "prev_kv values of watch events the hub could not load; the event was sent without its prev_kv."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.lag, h.watchers, h.gauges.wanted, h.gauges.paused, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, h.pausedDrops, newHubCollector(h))
+		cfg.Registerer.MustRegister(h.prevUnreadable, h.lag, h.watchers, h.gauges.wanted, h.gauges.paused, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, h.pausedDrops, newHubCollector(h))
 	}
 	return h
 }
@@ -561,6 +571,8 @@ func (h *Hub) withPrevValues(events []*mvccpb.Event) []*mvccpb.Event {
 		}
 		c := *ev
 		if v, err := h.src.PrevValue(ev.PrevKv.Key, ev.PrevKv.ModRevision); err != nil {
+			h.prevUnreadable.Inc()
+			h.cfg.Logger.Warn("prev_kv value unreadable; the event goes without it", "key", string(ev.PrevKv.Key), "prev_rev", ev.PrevKv.ModRevision, "rev", ev.Kv.ModRevision, "err", err)
 			c.PrevKv = nil
 		} else {
 			kv := *ev.PrevKv

@@ -223,7 +223,7 @@ func (s *Server) open() error {
 		return err
 	}
 	s.tso = tso.NewClient(s.oracle, nil)
-	s.hub = etcdcompat.NewHub(etcdcompat.HubConfig{Registerer: s.registry, IdleFeedsAfter: cfg.WatchFeedsIdleAfter}, nil)
+	s.hub = etcdcompat.NewHub(etcdcompat.HubConfig{Registerer: s.registry, IdleFeedsAfter: cfg.WatchFeedsIdleAfter, Logger: s.log.With("component", "watch")}, nil)
 	s.pm = partition.NewMetrics(s.registry)
 	s.parts = make(map[uint64]*partition.Partition)
 

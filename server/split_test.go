@@ -145,7 +145,10 @@ func checkSplitHistory(t *testing.T, name string, evs []*clientv3.Event, l *spli
 		}
 		if p, ok := last[string(ev.Kv.Key)]; ok {
 			if ev.PrevKv == nil || string(ev.PrevKv.Value) != p {
-				t.Fatalf("%s: event %s at %d has prev_kv %v, want value %q", name, ev.Kv.Key, rev, ev.PrevKv, p)
+				// The event's version tells an evaluation that found no
+				// previous version (1) from a lost prev_kv (the nodes' logs
+				// then show why).
+				t.Fatalf("%s: event %s at %d (version %d, created at %d) has prev_kv %v, want value %q", name, ev.Kv.Key, rev, ev.Kv.Version, ev.Kv.CreateRevision, ev.PrevKv, p)
 			}
 		}
 		last[string(ev.Kv.Key)] = string(ev.Kv.Value)
