@@ -425,12 +425,6 @@ func TestTransferOnlyByTheLeaderOfItsTerm(t *testing.T) {
 	}
 }
 
-// TestReAddDuringRemovalGrace: a replica removed from its group is added
-// back while its node still waits to delete its state (RemoveGroupAfter's
-// grace). The old replica must not answer meanwhile: a leader that took
-// its log for replicated would later tell the fresh, empty replica of
-// commits beyond its log, which raft takes for a lost log and panics. The
-// fresh replica must catch up instead.
 // holdWorker keeps every worker off g, as a starved node's would be, until
 // the returned release: g is marked processing (once no worker has it), so
 // work queued for it meanwhile waits.
@@ -516,6 +510,12 @@ func TestStartTransferWaitsForStarvedWorker(t *testing.T) {
 	}
 }
 
+// TestReAddDuringRemovalGrace: a replica removed from its group is added
+// back while its node still waits to delete its state (RemoveGroupAfter's
+// grace). The old replica must not answer meanwhile: a leader that took
+// its log for replicated would later tell the fresh, empty replica of
+// commits beyond its log, which raft takes for a lost log and panics. The
+// fresh replica must catch up instead.
 func TestReAddDuringRemovalGrace(t *testing.T) {
 	tr := NewMemTransport()
 	_, leader, gone := startLedTrio(t, tr, func(c *Config) { c.TombstoneTTL = 100 * time.Millisecond })

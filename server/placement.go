@@ -242,11 +242,12 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	}
 	// Only the leadership of the term that was readied moves: a replica
 	// that lost it meanwhile must not have raft forward the transfer to a
-	// leader that took revisions. Serve again only once raft has given the transfer up (it aborts
-	// after an election timeout), never while raft may still start or run
-	// it: a leader serving while its transfer is pending has its proposals
-	// dropped, and a write's revision with them. Callers (transfer-leader)
-	// learn the outcome from the group's status once this returns.
+	// leader that took revisions. Serve again only once raft has refused
+	// the transfer or given it up (it aborts after an election timeout),
+	// never while raft may still start or run it: a leader serving while
+	// its transfer is pending has its proposals dropped, and a write's
+	// revision with them. Callers (transfer-leader) learn the outcome from
+	// the group's status once this returns.
 	wait := 10 * s.cfg.ElectionTimeout
 	tctx, tcancel := context.WithTimeout(context.Background(), wait)
 	started, err := g.StartTransfer(tctx, to, term)
