@@ -251,3 +251,53 @@ func BenchmarkFeedMessageMarshal(b *testing.B) {
 		}
 	}
 }
+
+// TestReadsWaitForSplitChildReplica checks the reads the watch hub and
+// the gateway make of a partition this node routes to before its replica
+// here is open: a split's child is in the partition map (the parent's
+// split record says so) a moment before createSplitChild has opened it.
+// A node without peers has nobody else to ask, so each read must find the
+// replica once it is there, not wait for a leader elsewhere until it times
+// out (the hub sent events without their prev_kv when it did).
+func TestReadsWaitForSplitChildReplica(t *testing.T) {
+	ctx, p, s, rev := soloStoreWithPut(t)
+	s.SetLocal(FirstPartition, nil)
+	time.AfterFunc(200*time.Millisecond, func() { s.SetLocal(FirstPartition, p) })
+	rt := s.table().routeFor([]byte("k"))
+	type result struct {
+		what string
+		err  error
+	}
+	results := make(chan result, 3)
+	go func() {
+		v, err := s.PrevValue([]byte("k"), rev)
+		if err == nil && string(v) != "v1" {
+			err = fmt.Errorf("value %q, want v1", v)
+		}
+		results <- result{"PrevValue", err}
+	}()
+	go func() {
+		kvs, n, err := s.scan(ctx, rt, []byte("k"), nil, rev, partition.ScanOptions{})
+		if err == nil && (n != 1 || len(kvs) != 1 || string(kvs[0].Value) != "v1") {
+			err = fmt.Errorf("%d kvs, count %d; want k=v1", len(kvs), n)
+		}
+		results <- result{"scan", err}
+	}()
+	go func() {
+		keys, err := s.leaseKeys(ctx, rt, 7)
+		if err == nil && len(keys) != 0 {
+			err = fmt.Errorf("keys %q, want none", keys)
+		}
+		results <- result{"leaseKeys", err}
+	}()
+	for range 3 {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				t.Errorf("%s: %v", r.what, r.err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("a read did not find the replica opened after it started (it waits for a leader elsewhere)")
+		}
+	}
+}

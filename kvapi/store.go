@@ -525,19 +525,28 @@ func (s *Store) rangeIn(ctx context.Context, t *table, r *pb.RangeRequest) (*pb.
 }
 
 // scan reads a route at rev on the local replica, or on the leader's node.
-func (s *Store) scan(ctx context.Context, rt *route, key, end []byte, rev int64, o partition.ScanOptions) ([]*mvccpb.KeyValue, int64, error) {
-	if l := rt.local(); l != nil {
-		kvs, n, err := l.Scan(ctx, key, end, rev, o)
-		if !errors.Is(err, partition.ErrReplicaClosed) {
-			return kvs, n, err
+func (s *Store) scan(ctx context.Context, rt *route, key, end []byte, rev int64, o partition.ScanOptions) (kvs []*mvccpb.KeyValue, n int64, err error) {
+	local := func() (bool, error) {
+		l := rt.local()
+		if l == nil {
+			return false, nil
 		}
-		// The replica was removed while the read waited: read elsewhere.
+		var err error
+		kvs, n, err = l.Scan(ctx, key, end, rev, o)
+		// A replica removed while the read waited: read elsewhere.
+		return !errors.Is(err, partition.ErrReplicaClosed), err
 	}
 	var resp pb.RangeResponse
-	err := s.call(ctx, rt.ID, OpScan, true, nil, func() ([]byte, error) {
+	err = s.call(ctx, rt.ID, OpScan, true, local, func() ([]byte, error) {
 		return encodeScan(key, end, rev, o), nil
-	}, resp.Unmarshal)
-	return resp.Kvs, resp.Count, err
+	}, func(b []byte) error {
+		if err := resp.Unmarshal(b); err != nil {
+			return err
+		}
+		kvs, n = resp.Kvs, resp.Count
+		return nil
+	})
+	return kvs, n, err
 }
 
 func (s *Store) checkWrite(size int) error {
@@ -920,20 +929,30 @@ func appendSpan(b []byte, rt *route) []byte {
 	return append(b, rt.End...)
 }
 
-func (s *Store) leaseKeys(ctx context.Context, rt *route, id int64) ([][]byte, error) {
-	if l := rt.local(); l != nil {
-		keys, err := l.LeaseKeys(id)
+func (s *Store) leaseKeys(ctx context.Context, rt *route, id int64) (keys [][]byte, err error) {
+	local := func() (bool, error) {
+		l := rt.local()
+		if l == nil {
+			return false, nil
+		}
+		var err error
+		keys, err = l.LeaseKeys(id)
 		if err == nil && !l.Covers(rt.Start, spanEnd(rt.End)) {
 			err = partition.ErrOutsideRange
 		}
-		return keys, err
+		return true, err
 	}
-	var resp pb.RangeResponse
-	err := s.call(ctx, rt.ID, OpLeaseKeys, true, nil, func() ([]byte, error) { return appendSpan(ints(id), rt), nil }, resp.Unmarshal)
-	keys := make([][]byte, len(resp.Kvs))
-	for i, kv := range resp.Kvs {
-		keys[i] = kv.Key
-	}
+	err = s.call(ctx, rt.ID, OpLeaseKeys, true, local, func() ([]byte, error) { return appendSpan(ints(id), rt), nil }, func(b []byte) error {
+		var resp pb.RangeResponse
+		if err := resp.Unmarshal(b); err != nil {
+			return err
+		}
+		keys = make([][]byte, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			keys[i] = kv.Key
+		}
+		return nil
+	})
 	return keys, err
 }
 
@@ -1137,13 +1156,16 @@ func (s *Store) PrevValue(key []byte, rev int64) (v []byte, err error) {
 	defer cancel()
 	err = s.routed(ctx, func(t *table) error {
 		rt := t.routeFor(key)
-		if l := rt.local(); l != nil {
-			v, err = l.PrevValue(key, rev)
-			if err == nil || s.rpc == nil || (l.Initialized() && l.ReadableAt(rev)) {
-				return err
+		local := func() (bool, error) {
+			l := rt.local()
+			if l == nil {
+				return false, nil
 			}
+			var err error
+			v, err = l.PrevValue(key, rev)
+			return err == nil || s.rpc == nil || (l.Initialized() && l.ReadableAt(rev)), err
 		}
-		return s.call(ctx, rt.ID, OpPrevValue, true, nil, func() ([]byte, error) {
+		return s.call(ctx, rt.ID, OpPrevValue, true, local, func() ([]byte, error) {
 			return append(ints(rev), key...), nil
 		}, func(res []byte) error { v = res; return nil })
 	})
