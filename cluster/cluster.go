@@ -33,6 +33,11 @@ type NodeLoad struct {
 	// over the last window it measured them in (the leader balancer evens
 	// it out).
 	Load float64 `json:"load,omitempty"`
+	// Recent is the same partitions' remembered rates (each the larger
+	// of its last rate and its remembered one, decaying with a half-life
+	// of minutes), which the leader balancer's preferred-node rule
+	// compares, so a pause in the writes does not undo its load moves.
+	Recent float64 `json:"recent,omitempty"`
 	// Unmeasured counts the partitions this node leads that it has not
 	// measured yet (it got their leadership since its last window): Load
 	// is low by their rates.

@@ -44,10 +44,10 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 		}
 	}()
 	ms[1].SetLeads([]uint64{7, 100})
-	ms[2].SetLoad(NodeLoad{Load: 250.5, Unmeasured: 2, Windows: 7})
+	ms[2].SetLoad(NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7})
 	eventually(t, func() bool {
 		for _, m := range ms {
-			if l := m.Loads(); len(l) != 3 || l[3] != (NodeLoad{250.5, 2, 7}) || l[1] != (NodeLoad{}) || l[2] != (NodeLoad{}) {
+			if l := m.Loads(); len(l) != 3 || l[3] != (NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7}) || l[1] != (NodeLoad{}) || l[2] != (NodeLoad{}) {
 				return false
 			}
 			for id := uint64(1); id <= 3; id++ {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -46,6 +47,15 @@ import (
 //     rotation's) if that does not leave the preferred node busier than
 //     this one is now by more than the slack: target load + rate <= own
 //     load + slack. With no load anywhere this is the plain rotation.
+//     This rule compares remembered loads: each partition's rate is
+//     remembered as the larger of its last window's and its remembered
+//     rate decayed with a half-life of loadMemoryHalfLife (a node gossips
+//     the sum for the partitions it leads, NodeLoad.Recent). When the
+//     writes pause (a quiet night, the gap between two benchmark phases)
+//     the current loads all fall to zero, and compared by them every
+//     leadership a load move placed would go back to its preferred node
+//     within a window, and move again for load once the writes resume:
+//     two pauses of the partition's writes for nothing each time.
 //
 // The two rules do not undo each other: a preferred-node move never
 // creates the imbalance a load move corrects. Slack (10% of the node's
@@ -60,12 +70,18 @@ const (
 	minLoadSlack = 1.0
 )
 
+// loadMemoryHalfLife is how fast a partition's remembered write rate
+// decays once its writes fall (see the file comment).
+const loadMemoryHalfLife = 10 * time.Minute
+
 // leaderLoad is what the leader balancer knows of this node's partitions.
 type leaderLoad struct {
 	sync.Mutex
 	// rates is the write rate of each partition this node led through the
 	// last split window.
 	rates map[uint64]float64
+	// recent is each such partition's remembered rate (remember).
+	recent map[uint64]float64
 	// windows counts the windows rates were measured over.
 	windows uint64
 	// lastMove is when this node last moved a leadership for load.
@@ -85,12 +101,32 @@ type chosenMove struct {
 }
 
 // loadView is what one balancer round knows of the nodes' leader loads:
-// each node's load, the nodes that lead partitions they have not measured
-// yet, and how many windows each node measured.
+// each node's load and remembered load, the nodes that lead partitions
+// they have not measured yet, and how many windows each node measured.
 type loadView struct {
 	loads     map[uint64]float64
+	recent    map[uint64]float64
 	unsettled map[uint64]bool
 	windows   map[uint64]uint64
+}
+
+// recentOf is node n's remembered load: at least its current one (a node
+// of an earlier version publishes none).
+func (v loadView) recentOf(n uint64) float64 { return max(v.recent[n], v.loads[n]) }
+
+// remember records the rates of the partitions this node led through the
+// last window, which lasted window: each one's remembered rate becomes the
+// larger of its rate and its remembered rate decayed over the window. A
+// partition it no longer leads is forgotten (its new leader measures it).
+func (l *leaderLoad) remember(rates map[uint64]float64, window time.Duration) {
+	decay := math.Exp2(-window.Seconds() / loadMemoryHalfLife.Seconds())
+	recent := make(map[uint64]float64, len(rates))
+	for id, r := range rates {
+		recent[id] = max(r, l.recent[id]*decay)
+	}
+	l.rates = rates
+	l.recent = recent
+	l.windows++
 }
 
 // confirmWindows is how many windows of its own and of its target's a node
@@ -149,7 +185,10 @@ func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64, ownLoad float64
 // it stays), and whether that is a load move. A load move pickLeader
 // chooses is made only once confirmLoadMove confirms it.
 func (l *leaderLoad) decide(self, id, pref uint64, rate float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
-	to, forLoad = pickLeader(self, pref, rate, v.loads, v.unsettled, candidates, byLoad)
+	l.Lock()
+	recent := max(rate, l.recent[id])
+	l.Unlock()
+	to, forLoad = pickLeader(self, pref, rate, recent, v, candidates, byLoad)
 	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to], v.loads[self]) {
 		return 0, false
 	}
@@ -173,8 +212,7 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 		sum += r
 	}
 	s.load.Lock()
-	s.load.rates = rates
-	s.load.windows++
+	s.load.remember(rates, s.cfg.SplitWindow)
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
 }
@@ -199,6 +237,7 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 		}
 		if r, ok := s.load.rates[id]; ok {
 			l.Load += r
+			l.Recent += s.load.recent[id]
 		} else {
 			l.Unmeasured++
 		}
@@ -212,11 +251,12 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 // nodes that lead partitions they have not measured yet, whose load is
 // low by an unknown amount, and how many windows each measured.
 func (s *Server) nodeLoads(led []uint64) loadView {
-	v := loadView{loads: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
+	v := newLoadView()
 	all := s.membership.Loads()
 	all[s.id.MemberID] = s.ownLoad(led)
 	for id, l := range all {
 		v.loads[id] = l.Load
+		v.recent[id] = l.Recent
 		v.windows[id] = l.Windows
 		if l.Unmeasured > 0 {
 			v.unsettled[id] = true
@@ -225,12 +265,17 @@ func (s *Server) nodeLoads(led []uint64) loadView {
 	return v
 }
 
+func newLoadView() loadView {
+	return loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
+}
+
 // pickLeader decides where the leadership of a partition that self leads,
-// and that took rate writes/s, goes: to the least loaded of candidates
-// (voters that can take it) when byLoad is allowed and that evens out
-// the loads, else to pref when that does not unbalance them (see the file
-// comment). It returns 0 to keep it.
-func pickLeader(self, pref uint64, rate float64, loads map[uint64]float64, unsettled map[uint64]bool, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+// and that took rate writes/s (recent remembered), goes: to the least
+// loaded of candidates (voters that can take it) when byLoad is allowed
+// and that evens out the loads, else to pref when that does not unbalance
+// the remembered loads (see the file comment). It returns 0 to keep it.
+func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+	loads, unsettled := v.loads, v.unsettled
 	own := loads[self]
 	slack := max(minLoadSlack, loadSlack*own)
 	// A node that got leaderships it has not measured yet is busier than
@@ -254,7 +299,8 @@ func pickLeader(self, pref uint64, rate float64, loads map[uint64]float64, unset
 			return least, true
 		}
 	}
-	if pref != self && slices.Contains(candidates, pref) && loads[pref]+rate <= own+slack {
+	ownRecent := v.recentOf(self)
+	if pref != self && slices.Contains(candidates, pref) && v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
 		return pref, false
 	}
 	return 0, false

@@ -7,15 +7,18 @@ import (
 
 func TestPickLeader(t *testing.T) {
 	for _, c := range []struct {
-		name      string
-		pref      uint64
-		rate      float64
-		loads     map[uint64]float64
-		cands     []uint64
-		unsettled map[uint64]bool
-		byLoad    bool
-		to        uint64
-		forLoad   bool
+		name  string
+		pref  uint64
+		rate  float64
+		loads map[uint64]float64
+		// remembered loads and rate (none: the current ones)
+		recent     map[uint64]float64
+		recentRate float64
+		cands      []uint64
+		unsettled  map[uint64]bool
+		byLoad     bool
+		to         uint64
+		forLoad    bool
 	}{
 		{name: "idle: the preferred node", pref: 2, loads: map[uint64]float64{}, cands: []uint64{2, 3}, byLoad: true, to: 2},
 		{name: "idle, preferred here: stay", pref: 1, loads: map[uint64]float64{}, cands: []uint64{2, 3}, byLoad: true},
@@ -31,9 +34,13 @@ func TestPickLeader(t *testing.T) {
 		{name: "no candidates", pref: 2, rate: 100, loads: map[uint64]float64{1: 900}, byLoad: true},
 		{name: "least loaded voter unsettled: the next one", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, unsettled: map[uint64]bool{3: true}, cands: []uint64{2, 3}, byLoad: true, to: 2, forLoad: true},
 		{name: "every voter unsettled: no load move", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, unsettled: map[uint64]bool{2: true, 3: true}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "writes paused: the remembered loads keep a load move", pref: 2, recentRate: 300, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 2: 500}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "writes paused, the preferred node was idle: move there", pref: 2, recentRate: 100, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 3: 500}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "a node publishing no remembered load: its current one counts", pref: 2, rate: 100, loads: map[uint64]float64{1: 300, 2: 500}, recent: map[uint64]float64{1: 300}, cands: []uint64{2, 3}},
 		{name: "unsettled preferred node: the rotation still applies", pref: 2, loads: map[uint64]float64{}, unsettled: map[uint64]bool{2: true}, cands: []uint64{2, 3}, byLoad: true, to: 2},
 	} {
-		to, forLoad := pickLeader(1, c.pref, c.rate, c.loads, c.unsettled, c.cands, c.byLoad)
+		recent := max(c.rate, c.recentRate)
+		to, forLoad := pickLeader(1, c.pref, c.rate, recent, loadView{loads: c.loads, recent: c.recent, unsettled: c.unsettled}, c.cands, c.byLoad)
 		if to != c.to || forLoad != c.forLoad {
 			t.Errorf("%s: got (%d, %v), want (%d, %v)", c.name, to, forLoad, c.to, c.forLoad)
 		}
@@ -70,7 +77,7 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 			rate = float64(r.IntN(int(loads[1]) + 1))
 		}
 		pref := nodes[r.IntN(len(nodes))]
-		to, _ := pickLeader(1, pref, rate, loads, nil, others(1), r.IntN(2) == 0)
+		to, _ := pickLeader(1, pref, rate, rate, loadView{loads: loads}, others(1), r.IntN(2) == 0)
 		if to == 0 {
 			continue
 		}
@@ -82,7 +89,7 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 		after[1] -= rate
 		after[to] += rate
 		for _, byLoad := range []bool{true, false} {
-			if back, _ := pickLeader(to, pref, rate, after, nil, others(to), byLoad); back == 1 {
+			if back, _ := pickLeader(to, pref, rate, rate, loadView{loads: after}, others(to), byLoad); back == 1 {
 				t.Fatalf("loads %v, rate %v, preferred %d: moved to %d, which moves it back (load moves %v)", loads, rate, pref, to, byLoad)
 			}
 		}

@@ -27,6 +27,7 @@ type balanceSim struct {
 
 	loadMoves, preferredMoves int
 	late                      []string // load moves after E+window
+	undone                    []string // preferred moves after E+window
 }
 
 type simNode struct {
@@ -101,6 +102,7 @@ func (s *balanceSim) own(i int) cluster.NodeLoad {
 		}
 		if x, ok := nd.rates[uint64(p)]; ok {
 			l.Load += x
+			l.Recent += nd.ll.recent[uint64(p)]
 		} else {
 			l.Unmeasured++
 		}
@@ -110,7 +112,7 @@ func (s *balanceSim) own(i int) cluster.NodeLoad {
 
 // view is node i's loadView at now.
 func (s *balanceSim) view(i int, now time.Duration) loadView {
-	v := loadView{loads: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
+	v := newLoadView()
 	for j, o := range s.nodes {
 		var l cluster.NodeLoad
 		if j == i {
@@ -123,6 +125,7 @@ func (s *balanceSim) view(i int, now time.Duration) loadView {
 			}
 		}
 		v.loads[uint64(j+1)] = l.Load
+		v.recent[uint64(j+1)] = l.Recent
 		v.windows[uint64(j+1)] = l.Windows
 		if l.Unmeasured > 0 {
 			v.unsettled[uint64(j+1)] = true
@@ -166,6 +169,9 @@ func (s *balanceSim) round(i int, now time.Duration) {
 			nd.lastMove = now
 		} else {
 			s.preferredMoves++
+			if now >= s.E+simWindow {
+				s.undone = append(s.undone, fmt.Sprintf("%v: node %d handed partition %d to its preferred node %d (loads %v, remembered %v)", now, self, p, to, v.loads, v.recent))
+			}
 		}
 		s.leader[p] = int(to - 1)
 		v.loads[self] -= rate
@@ -185,6 +191,7 @@ func (s *balanceSim) run() {
 					}
 				}
 				nd.windows++
+				nd.ll.remember(nd.rates, simWindow)
 			}
 			if l := s.own(i); len(nd.pub) == 0 || nd.pub[len(nd.pub)-1].l != l {
 				nd.pub = append(nd.pub, simPub{now, l})
@@ -233,6 +240,9 @@ func TestLoadMovesFollowSteadyLoad(t *testing.T) {
 			}
 			for _, l := range s.late {
 				t.Errorf("%d nodes, seed %d, a hot partition %v-%v: a load move after the load stopped: %s", n, seed, s.L, s.E, l)
+			}
+			for _, l := range s.undone {
+				t.Errorf("%d nodes, seed %d, a hot partition %v-%v: a load move undone after the load stopped: %s", n, seed, s.L, s.E, l)
 			}
 			moves += s.loadMoves
 			late += len(s.late)
