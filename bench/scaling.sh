@@ -55,6 +55,7 @@ TOTAL=${TOTAL:-20000}             # creates per measurement
 WARMUP=${WARMUP:-2000}            # puts before measuring
 RESOURCES=${RESOURCES:-configmaps,deployments,endpoints,events,leases,namespaces,nodes,pods,replicasets,secrets,serviceaccounts,services}
 HOT=${HOT:-1}                     # 1: also measure the one-prefix load
+SPREAD=${SPREAD:-1}               # 0: skip the spread load (brain's one-prefix runs and etcd only)
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-3}   # sizes N also measured as two N-node clusters side by side ("" for none)
 SYSTEMS=${SYSTEMS:-brain etcd}    # which systems to measure
 OUT=${OUT:-}                      # result directory (default: a temp dir, kept)
@@ -73,6 +74,11 @@ BRAIN_FLAGS=${BRAIN_FLAGS:-}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
+# Puts under the hot prefix once the split partitions are at their
+# placement, so the leader balancer sees the load spread over them and
+# moves leaderships for it before the measurement (it keeps them through
+# the quiet settle after: loadMemoryHalfLife in server/loadbalance.go).
+HOT_BALANCE=${HOT_BALANCE:-20000}
 # Then, at most this many seconds more until every split partition's
 # replicas are at its placement (brain_partitions_off_placement is 0 on
 # every node), so the hot measurement is of the spread cluster, not of
@@ -108,7 +114,7 @@ IDLE=${IDLE:-0}
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -120,7 +126,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -488,7 +494,8 @@ measure() {
 		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
 		sleep "$HOT_SETTLE"
 		settle_placement "$kind, $n node(s), $workload" "$EPS"
-		"$BIN/brainbench" put "${common[@]}" --total "$WARMUP" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
+		say "$kind, $n node(s), $workload: $HOT_BALANCE puts for the leader balancer"
+		"$BIN/brainbench" put "${common[@]}" --total "$HOT_BALANCE" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
 	fi
 	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
 	idle_report "$kind" "$n" "$kind, $n node(s), $workload"
@@ -672,13 +679,15 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 	fi
 	for n in $SIZES; do
 		for kind in $SYSTEMS; do
-			if ! start_cluster "$kind" "$n"; then
-				FAILED=1
+			if [[ $SPREAD == 1 || $kind != brain ]]; then
+				if ! start_cluster "$kind" "$n"; then
+					FAILED=1
+					stop_cluster "$kind" "$n"
+					continue
+				fi
+				measure "$kind" "$n" spread "$RESOURCES"
 				stop_cluster "$kind" "$n"
-				continue
 			fi
-			measure "$kind" "$n" spread "$RESOURCES"
-			stop_cluster "$kind" "$n"
 			if [[ $HOT == 1 && $kind == brain ]]; then
 				# A fresh cluster, so the creates find no keys of the first run.
 				if start_cluster "$kind" "$n" "$HOT_FLAGS"; then
