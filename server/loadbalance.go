@@ -114,6 +114,23 @@ type loadView struct {
 // of an earlier version publishes none).
 func (v loadView) recentOf(n uint64) float64 { return max(v.recent[n], v.loads[n]) }
 
+// moved updates the view for a partition that took rate writes/s
+// (recent remembered) and moved from node from to node to.
+func (v loadView) moved(from, to uint64, rate, recent float64) {
+	fromRecent, toRecent := v.recentOf(from), v.recentOf(to)
+	v.loads[from] -= rate
+	v.loads[to] += rate
+	v.recent[from] = fromRecent - recent
+	v.recent[to] = toRecent + recent
+}
+
+// remembered returns partition id's remembered rate, given its last rate.
+func (l *leaderLoad) remembered(id uint64, rate float64) float64 {
+	l.Lock()
+	defer l.Unlock()
+	return max(rate, l.recent[id])
+}
+
 // remember records the rates of the partitions this node led through the
 // last window, which lasted window: each one's remembered rate becomes the
 // larger of its rate and its remembered rate decayed over the window. A
@@ -185,10 +202,7 @@ func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64, ownLoad float64
 // it stays), and whether that is a load move. A load move pickLeader
 // chooses is made only once confirmLoadMove confirms it.
 func (l *leaderLoad) decide(self, id, pref uint64, rate float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
-	l.Lock()
-	recent := max(rate, l.recent[id])
-	l.Unlock()
-	to, forLoad = pickLeader(self, pref, rate, recent, v, candidates, byLoad)
+	to, forLoad = pickLeader(self, pref, rate, l.remembered(id, rate), v, candidates, byLoad)
 	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to], v.loads[self]) {
 		return 0, false
 	}

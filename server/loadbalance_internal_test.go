@@ -167,3 +167,22 @@ func TestLoadMoveNeedsConfirmation(t *testing.T) {
 		}
 	}
 }
+
+// TestMovedUpdatesRememberedLoads: within one balancer round, a
+// leadership handed to its preferred node counts in that node's
+// remembered load for the next decision, so a round with the writes
+// paused does not hand the preferred node every partition it prefers.
+func TestMovedUpdatesRememberedLoads(t *testing.T) {
+	v := loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300}, unsettled: map[uint64]bool{}}
+	to, _ := pickLeader(1, 2, 0, 150, v, []uint64{2}, true)
+	if to != 2 {
+		t.Fatalf("the first partition went to %d, want its preferred node 2", to)
+	}
+	v.moved(1, 2, 0, 150)
+	if v.recentOf(1) != 150 || v.recentOf(2) != 150 {
+		t.Fatalf("remembered loads after the move: %v, want 150 each", v.recent)
+	}
+	if to, _ := pickLeader(1, 2, 0, 150, v, []uint64{2}, true); to != 0 {
+		t.Fatalf("the second partition went to %d too, which leaves node 2 twice as busy as node 1 was", to)
+	}
+}

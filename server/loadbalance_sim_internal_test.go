@@ -174,8 +174,7 @@ func (s *balanceSim) round(i int, now time.Duration) {
 			}
 		}
 		s.leader[p] = int(to - 1)
-		v.loads[self] -= rate
-		v.loads[to] += rate
+		v.moved(self, to, rate, nd.ll.remembered(uint64(p), rate))
 	}
 }
 

@@ -200,8 +200,7 @@ func (s *Server) balanceLeadersOnce() {
 		}
 		s.transferLeadership(g, to)
 		if !g.Status().IsLeader {
-			view.loads[s.id.MemberID] -= rates[id]
-			view.loads[to] += rates[id]
+			view.moved(s.id.MemberID, to, rates[id], s.load.remembered(id, rates[id]))
 		}
 	}
 }
