@@ -13,6 +13,7 @@ import (
 	"github.com/brainkv/brain/engine"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -237,8 +238,17 @@ func TestAddAndRemoveReplicas(t *testing.T) {
 		}
 	}
 	changeConf(t, leader, raftpb.ConfChangeRemoveNode, gone.id)
+	if n := promtest.CollectAndCount(gone.host.metrics.appliedIndex); n != 1 {
+		t.Fatalf("%d applied-index series before the removal, want the group's", n)
+	}
 	if err := gone.host.RemoveGroup(testGroup); err != nil {
 		t.Fatal(err)
+	}
+	// The removed replica's gauges go with it.
+	for name, g := range map[string]*prometheus.GaugeVec{"leader": gone.host.metrics.leader, "term": gone.host.metrics.term, "applied index": gone.host.metrics.appliedIndex} {
+		if n := promtest.CollectAndCount(g); n != 0 {
+			t.Errorf("the %s gauge still has %d series after the group's only replica here was removed", name, n)
+		}
 	}
 	st := leader.Status()
 	want := []uint64{1, 2, 3, 4}

@@ -742,6 +742,18 @@ func (g *Group) propose(props []pendingProp) {
 	g.waiters.Unlock()
 }
 
+// forgetGauges drops the group's series from the per-group gauges once
+// its replica left this node (it runs no more rounds), so the node's
+// metrics show no replica it does not have. A replica created here again
+// later makes its own.
+func (g *Group) forgetGauges() {
+	label := strconv.FormatUint(g.id, 10)
+	m := g.host.metrics
+	m.leader.DeleteLabelValues(label)
+	m.term.DeleteLabelValues(label)
+	m.appliedIndex.DeleteLabelValues(label)
+}
+
 func (g *Group) publishStatus() {
 	g.voters.Store(int32(len(g.conf.Voters)))
 	if g.gauges.leader == nil {

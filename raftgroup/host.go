@@ -323,6 +323,7 @@ func (h *Host) RemoveGroupAfter(id uint64, grace time.Duration, stop <-chan stru
 		return nil
 	}
 	g.failAllWaiters(ErrLeaderChanged)
+	g.forgetGauges()
 	if grace > 0 {
 		select {
 		case <-stop:
