@@ -448,6 +448,38 @@ func holdWorker(t *testing.T, g *Group) (release func()) {
 	return func() { s.done(g, true) }
 }
 
+// TestWaitCaughtUp: a follower whose worker cannot run (a starved node)
+// falls behind the commit index, and WaitCaughtUp waits for it until its
+// context ends; once the follower runs again it catches up and the wait
+// returns. A follower that is not a replica never catches up.
+func TestWaitCaughtUp(t *testing.T) {
+	// Ticking: the leader's status, which holds the replicas' progress,
+	// is published at least every heartbeat.
+	_, g, follower := startLedTrio(t, NewMemTransport(), nil)
+	propose(t, g, 1)
+	wait := func(d time.Duration, to uint64) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return g.WaitCaughtUp(ctx, to)
+	}
+	if err := wait(5*time.Second, follower.id); err != nil {
+		t.Fatalf("an idle follower: %v", err)
+	}
+	if err := wait(100*time.Millisecond, 99); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a node outside the group: %v, want the deadline", err)
+	}
+	release := holdWorker(t, follower.host.Group(testGroup))
+	propose(t, g, 5) // committed by the third replica
+	err := wait(200*time.Millisecond, follower.id)
+	release()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a follower that could not run while 5 entries committed: %v, want the deadline", err)
+	}
+	if err := wait(5*time.Second, follower.id); err != nil {
+		t.Fatalf("the follower once it runs again: %v", err)
+	}
+}
+
 // TestStartTransferWaitsForStarvedWorker: a planned transfer asked of a
 // leader whose worker cannot run yet is neither reported started nor
 // given up until raft has seen it (its status shows no transfer meanwhile:

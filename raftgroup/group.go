@@ -82,8 +82,8 @@ type Status struct {
 	// LeadTransferee is, on a leader, the node a leadership transfer in
 	// progress hands leadership to (0: none).
 	LeadTransferee uint64
-	// Match is, on a leader of a group with learners, the highest log
-	// index known replicated on each replica (learner catch-up).
+	// Match is, on a leader, the highest log index known replicated on
+	// each replica (learner catch-up, transfer targets).
 	Match map[uint64]uint64
 	// Active is, on a leader, the replicas raft heard from recently (the
 	// leader included): those it found recently active within the last
@@ -369,6 +369,31 @@ func (g *Group) TransferLeadership(to uint64) { g.TransferLeadershipInTerm(to, 0
 // leadership of a later term, which it did not ready.
 func (g *Group) TransferLeadershipInTerm(to, term uint64) {
 	g.queueTransfer(to, term, nil)
+}
+
+// WaitCaughtUp waits, while this replica leads, until replica to has
+// acknowledged the log up to the commit index: a leadership transfer to
+// it then starts at once. Raft hands leadership only to a transferee whose
+// log matches the leader's: it sends a lagging one what it lacks and
+// waits, the group's proposals refused all that time, and gives up after
+// an election timeout if the transferee does not answer (a starved node).
+// It fails with ErrNotLeader if this replica stops leading and with the
+// context's error if ctx ends first.
+func (g *Group) WaitCaughtUp(ctx context.Context, to uint64) error {
+	for {
+		st := g.Status()
+		if !st.IsLeader {
+			return ErrNotLeader
+		}
+		if m, ok := st.Match[to]; ok && m >= st.Commit {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // StartTransfer is TransferLeadershipInTerm that waits until raft has
@@ -774,18 +799,14 @@ func (g *Group) publishStatus() {
 	var transferee uint64
 	if g.isLeader {
 		transferee = g.rn.BasicStatus().LeadTransferee
-		if len(g.conf.Learners) > 0 {
-			match = make(map[uint64]uint64, len(g.conf.Voters)+len(g.conf.Learners))
-		}
+		match = make(map[uint64]uint64, len(g.conf.Voters)+len(g.conf.Learners))
 		if g.activeSeen == nil {
 			g.activeSeen = make(map[uint64]time.Time)
 		}
 		now := time.Now()
 		window := time.Duration(g.host.cfg.ElectionTicks) * g.host.cfg.TickInterval
 		g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
-			if match != nil {
-				match[id] = pr.Match
-			}
+			match[id] = pr.Match
 			if pr.RecentActive || id == g.host.cfg.NodeID {
 				g.activeSeen[id] = now
 			}
