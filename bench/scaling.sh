@@ -71,7 +71,7 @@ RESOURCE_WATCHERS=${RESOURCE_WATCHERS:-1}
 # merges every partition until then); without, every node merges every
 # partition all the time, as a node would with watches on every key.
 BRAIN_FLAGS=${BRAIN_FLAGS:-}
-HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s} # brain's extra flags for the hot run
+HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s --leader-balance-interval 1s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
 # Puts under the hot prefix once the split partitions are at their

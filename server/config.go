@@ -343,6 +343,9 @@ func (c *Config) Validate() error {
 	if strings.HasPrefix(c.Join, "https://") && c.TrustedCAFile == "" && c.PeerTrustedCAFile == "" {
 		errs = append(errs, fmt.Errorf("--join %q: an https member needs --trusted-ca-file (or --peer-trusted-ca-file) to verify it", c.Join))
 	}
+	if c.LeaderBalanceInterval < 0 {
+		errs = append(errs, fmt.Errorf("--leader-balance-interval must be positive, not %v", c.LeaderBalanceInterval))
+	}
 	if c.HeartbeatInterval*5 > c.ElectionTimeout {
 		errs = append(errs, fmt.Errorf("--election-timeout (%v) should be at least 5 times --heartbeat-interval (%v)", c.ElectionTimeout, c.HeartbeatInterval))
 	}

@@ -176,8 +176,9 @@ func TestClientTLS(t *testing.T) {
 	}
 }
 
-// TestClientTLSConfigErrors checks TLS settings that cannot work are
-// refused at start with a clear error.
+// TestClientTLSConfigErrors checks settings that cannot work (TLS, the
+// gossip key, a negative interval) are refused at start with a clear
+// error.
 func TestClientTLSConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	for name, cfg := range map[string]server.Config{
@@ -191,6 +192,7 @@ func TestClientTLSConfigErrors(t *testing.T) {
 		"peer TLS with an http peer URL":        {PeerCertFile: "a", PeerKeyFile: "b", PeerTrustedCAFile: "c"},
 		"peer TLS without a CA":                 {PeerCertFile: "a", PeerKeyFile: "b"},
 		"an https peer URL without peer TLS":    {ListenPeerURLs: []string{"https://127.0.0.1:0"}},
+		"a negative leader balance interval":    {LeaderBalanceInterval: -time.Second},
 	} {
 		cfg.DataDir = t.TempDir()
 		if cfg.ListenPeerURLs == nil {
