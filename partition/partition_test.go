@@ -669,3 +669,51 @@ func TestRequestCloseSoon(t *testing.T) {
 		t.Fatal("no close forwarded")
 	}
 }
+
+// TestTwoWritesOfAKeyInOneTxnHavePrevKvsBeforeIt: a transaction that puts
+// a key and then deletes it (in a nested transaction) publishes both
+// events at its revision, and each one's prev_kv is the key before the
+// transaction, as etcd's watch reports it (the key at revision - 1), not
+// the put the delete follows.
+func TestTwoWritesOfAKeyInOneTxnHavePrevKvsBeforeIt(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	first, err := h.p.Txn(ctx, put("k", "v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte("k")}}}
+	txn := put("k", "v2")
+	txn.Success = append(txn.Success, &pb.RequestOp{Request: &pb.RequestOp_RequestTxn{RequestTxn: &pb.TxnRequest{Success: []*pb.RequestOp{del}}}})
+	resp, err := h.p.Txn(ctx, txn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := resp.Header.Revision
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h.feed.mu.Lock()
+		var got []*mvccpb.Event
+		for _, r := range h.feed.evs {
+			if r.Rev == rev {
+				got = r.Events
+			}
+		}
+		h.feed.mu.Unlock()
+		if got != nil {
+			if len(got) != 2 || got[0].Type != mvccpb.PUT || got[1].Type != mvccpb.DELETE {
+				t.Fatalf("events at %d: %v, want a put and a delete of k", rev, got)
+			}
+			for _, ev := range got {
+				if pk := ev.PrevKv; pk == nil || pk.ModRevision != first.Header.Revision || pk.Version != 1 {
+					t.Errorf("%v event's prev_kv %v, want k's version 1 at %d (before the transaction)", ev.Type, pk, first.Header.Revision)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no events published at %d", rev)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
