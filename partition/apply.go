@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -177,10 +178,6 @@ func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb
 	written := make([]meta, len(c.muts))
 	rec := binary.AppendUvarint(nil, uint64(len(c.muts)))
 	var buf []byte
-	// A key a transaction writes twice (a put, then a delete in a nested
-	// transaction) has both events at c.rev; each one's prev_kv is, as
-	// etcd's, the key at c.rev-1: before the command, not the first write.
-	var before map[string]*mvccpb.KeyValue
 	for i := range c.muts {
 		m := &c.muts[i]
 		old, exists := p.applyMeta(m.key)
@@ -191,14 +188,16 @@ func (p *Partition) applyWrite(ac *raftgroup.ApplyContext, c *command) []*mvccpb
 		if live {
 			prev = &mvccpb.KeyValue{Key: m.key, ModRevision: old.mod, CreateRevision: old.create, Version: old.version, Lease: old.lease}
 		}
-		if len(c.muts) > 1 {
-			if b, ok := before[string(m.key)]; ok {
-				prev = b
-			} else {
-				if before == nil {
-					before = make(map[string]*mvccpb.KeyValue, len(c.muts))
+		if exists && old.mod == c.rev {
+			// Written earlier in this command (a put, then a delete in a
+			// nested transaction): both events are at c.rev, and each
+			// one's prev_kv is, as etcd's, the key at c.rev-1, the first
+			// write's prev_kv, not that write.
+			for j := range i {
+				if bytes.Equal(c.muts[j].key, m.key) {
+					prev = evs[j].PrevKv
+					break
 				}
-				before[string(m.key)] = prev
 			}
 		}
 		switch m.kind {

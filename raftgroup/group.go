@@ -371,21 +371,28 @@ func (g *Group) TransferLeadershipInTerm(to, term uint64) {
 	g.queueTransfer(to, term, nil)
 }
 
-// WaitCaughtUp waits, while this replica leads, until replica to has
-// acknowledged the log up to the commit index: a leadership transfer to
-// it then starts at once. Raft hands leadership only to a transferee whose
-// log matches the leader's: it sends a lagging one what it lacks and
-// waits, the group's proposals refused all that time, and gives up after
-// an election timeout if the transferee does not answer (a starved node).
-// It fails with ErrNotLeader if this replica stops leading and with the
-// context's error if ctx ends first.
-func (g *Group) WaitCaughtUp(ctx context.Context, to uint64) error {
+// CaughtUp reports whether, by this leader's status, replica n has
+// acknowledged the log to within slack entries of the commit index.
+func (st Status) CaughtUp(n, slack uint64) bool {
+	m := st.Match[n]
+	return m > 0 && m+slack >= st.Commit
+}
+
+// WaitCaughtUp waits, while this replica leads, until replica to is
+// CaughtUp(to, slack). With slack 0 a leadership transfer to it starts at
+// once: raft hands leadership only to a transferee whose log matches the
+// leader's; it sends a lagging one what it lacks and waits, the group's
+// proposals refused all that time, and gives up after an election timeout
+// if the transferee does not answer (a starved node). It fails with
+// ErrNotLeader if this replica stops leading and with the context's error
+// if ctx ends first.
+func (g *Group) WaitCaughtUp(ctx context.Context, to, slack uint64) error {
 	for {
 		st := g.Status()
 		if !st.IsLeader {
 			return ErrNotLeader
 		}
-		if m, ok := st.Match[to]; ok && m >= st.Commit {
+		if st.CaughtUp(to, slack) {
 			return nil
 		}
 		select {

@@ -92,20 +92,14 @@ func (s *Server) MoveReplica(ctx context.Context, id, from, to uint64) error {
 // most caughtUpSlack entries (a snapshot brings a new replica most of the
 // way), while this node leads g.
 func (s *Server) waitCaughtUp(ctx context.Context, g *raftgroup.Group, n uint64) error {
-	for {
-		st := g.Status()
-		if !st.IsLeader {
-			return errNotGroupLeader{g.ID(), st.Lead}
-		}
-		if m := st.Match[n]; m > 0 && m+caughtUpSlack >= st.Commit {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the new replica on %s did not catch up: %w", formatID(n), ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+	err := g.WaitCaughtUp(ctx, n, caughtUpSlack)
+	switch {
+	case errors.Is(err, raftgroup.ErrNotLeader):
+		return errNotGroupLeader{g.ID(), g.Status().Lead}
+	case err != nil:
+		return fmt.Errorf("the new replica on %s did not catch up: %w", formatID(n), err)
 	}
+	return nil
 }
 
 func formatIDs(ids []uint64) string {

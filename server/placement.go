@@ -227,7 +227,7 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	// up to the commit index before the writes stop; else the leadership
 	// stays (the balancer asks again next round).
 	cctx, ccancel := context.WithTimeout(context.Background(), s.cfg.ElectionTimeout)
-	err := g.WaitCaughtUp(cctx, to)
+	err := g.WaitCaughtUp(cctx, to, 0)
 	ccancel()
 	if err != nil {
 		s.log.Warn("not transferring leadership: the target trails the log", "group", g.ID(), "to", formatID(to), "err", err)

@@ -299,7 +299,7 @@ func (s *Server) repairGroup(g *raftgroup.Group, st raftgroup.Status) {
 	case len(deadVoters) > 0:
 		// A caught-up learner on an alive node replaces a dead voter.
 		if l := firstOf(st.Learners, func(n uint64) bool {
-			return !dead(n) && alive(n) && st.Match[n] > 0 && st.Match[n]+caughtUpSlack >= st.Commit
+			return !dead(n) && alive(n) && st.CaughtUp(n, caughtUpSlack)
 		}); l != 0 {
 			change, why = raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddNode, NodeID: l}, "promote a caught-up learner to replace a dead voter"
 			break
