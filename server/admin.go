@@ -182,9 +182,24 @@ func (s *Server) handleTransferLeader(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%s is not a voter of group %d (voters: %v)", formatID(to), group, rs.Voters), http.StatusBadRequest)
 		return
 	}
-	s.MoveLeader(group, to)
+	// A transfer can fail for passing reasons (the target still catching
+	// up after a restart, a busy target missing raft's timeout); an
+	// operator's request tries a few times before it reports the last.
+	var err error
+	for attempt := 0; attempt < 3 && r.Context().Err() == nil; attempt++ {
+		g := s.host.Group(group)
+		if g == nil {
+			break
+		}
+		if err = s.transferLeadership(g, to); err == nil {
+			break
+		}
+	}
 	if now, _ := s.groupStatus(group); now.IsLeader {
-		http.Error(w, fmt.Sprintf("the transfer of group %d to %s did not happen (see the node's log)", group, formatID(to)), http.StatusServiceUnavailable)
+		if err == nil {
+			err = errTransferNotDone
+		}
+		http.Error(w, fmt.Sprintf("group %d to %s: %v (see the node's log)", group, formatID(to), err), http.StatusServiceUnavailable)
 		return
 	}
 	fmt.Fprintf(w, "group %d: leadership handed to %s\n", group, formatID(to))

@@ -290,7 +290,19 @@ func addSelf(ctx context.Context, clientURL string, creds credentials.TransportC
 	}
 	defer conn.Close()
 	c := pb.NewClusterClient(conn)
+	// A leader change (or a member still starting) answers Unavailable, as
+	// etcd's does; etcdctl users retry those, and so does a joining node.
+	// An add that did happen before the error makes the retry find the
+	// peer URLs taken (FailedPrecondition), answered from the member list.
 	resp, err := c.MemberAdd(ctx, &pb.MemberAddRequest{PeerURLs: peerURLs})
+	for backoff := 100 * time.Millisecond; status.Code(err) == codes.Unavailable; backoff = min(2*backoff, 2*time.Second) {
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
+		resp, err = c.MemberAdd(ctx, &pb.MemberAddRequest{PeerURLs: peerURLs})
+	}
 	if status.Code(err) == codes.FailedPrecondition {
 		list, lerr := c.MemberList(ctx, &pb.MemberListRequest{})
 		if lerr != nil {

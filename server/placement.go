@@ -3,6 +3,8 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -207,8 +209,10 @@ func (s *Server) balanceLeadersOnce() {
 
 // transferLeadership hands group g's leadership to node to. The TSO leader
 // first stops issuing and shrinks its window, so a planned move skips no
-// revisions; if the move does not happen, it issues again.
-func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
+// revisions; if the move does not happen, it issues again. The error says
+// why the leadership stayed here; nil means this replica no longer leads
+// (the leadership moved, or was lost meanwhile).
+func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) error {
 	// One transfer of a group at a time on this node (the balancer, the
 	// replica repair and operators may ask at once): a second one's Resume
 	// would let the group take revisions while the first is still moving.
@@ -216,7 +220,7 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	mu.Lock()
 	defer mu.Unlock()
 	if !g.Status().IsLeader {
-		return
+		return nil
 	}
 	// Raft hands leadership only to a target with the leader's whole
 	// log; it catches a lagging one up first, the group's writes paused
@@ -231,7 +235,10 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	ccancel()
 	if err != nil {
 		s.log.Warn("not transferring leadership: the target trails the log", "group", g.ID(), "to", formatID(to), "err", err)
-		return
+		if errors.Is(err, raftgroup.ErrNotLeader) {
+			return nil
+		}
+		return fmt.Errorf("%w: the target did not catch up with the log in %v", errTransferNotDone, s.cfg.ElectionTimeout)
 	}
 	s.log.Info("transferring leadership", "group", g.ID(), "to", formatID(to))
 	// The leader first stops taking revisions and lets the ones it took
@@ -250,7 +257,7 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 		defer cancel()
 		if term, err = d.PrepareTransfer(ctx); err != nil {
 			s.log.Warn("not transferring leadership", "group", g.ID(), "err", err)
-			return
+			return fmt.Errorf("%w: draining the leader: %v", errTransferNotDone, err)
 		}
 	}
 	// Only the leadership of the term that was readied moves: a replica
@@ -271,7 +278,7 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 	for start, seen := time.Now(), false; started; {
 		st := g.Status()
 		if !st.IsLeader || st.Term != term {
-			return
+			return nil
 		}
 		// The status published before raft started the transfer shows
 		// none: only one that showed it and no longer does is an abort.
@@ -287,13 +294,20 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if st := g.Status(); !st.IsLeader || st.Term != term {
-		return
+		return nil
 	}
 	s.log.Warn("leadership transfer did not happen; serving again", "group", g.ID(), "to", formatID(to))
 	if d != nil {
 		d.Resume()
 	}
+	if !started {
+		return fmt.Errorf("%w: raft did not start it", errTransferNotDone)
+	}
+	return fmt.Errorf("%w: raft gave it up (the target did not answer in time)", errTransferNotDone)
 }
+
+// errTransferNotDone is transferLeadership's error: the leadership stayed.
+var errTransferNotDone = errors.New("the leadership transfer did not happen")
 
 // transferLock returns the lock that serializes group id's transfers.
 func (s *Server) transferLock(id uint64) *sync.Mutex {
