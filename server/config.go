@@ -151,7 +151,10 @@ type Config struct {
 	// evaluated more writes per second than this over a SplitWindow
 	// splits at the middle of a sample of the keys written, so a hot key
 	// range spreads over partitions (and, placed by the leader balancer
-	// and the rebalancer, over nodes); default 0: never. Splits can make a
+	// and the rebalancer, over nodes); default 0: never. With it, a node
+	// whose leader load no leadership move can even out splits one of its
+	// partitions taking at least a quarter of it for balance
+	// (loadbalance.go). Splits can make a
 	// multi-key txn that spanned the split key cross-partition (refused):
 	// Kubernetes writes one key per txn.
 	SplitWriteRate float64

@@ -84,13 +84,17 @@ type leaderLoad struct {
 	recent map[uint64]float64
 	// windows counts the windows rates were measured over.
 	windows uint64
-	// lastMove is when this node last moved a leadership for load.
-	lastMove time.Time
+	// lastMove is when this node last moved a leadership for load;
+	// lastSplit when it last split a partition.
+	lastMove, lastSplit time.Time
 	// round counts the balancer's rounds; chosen is, for each partition,
 	// the load moves the rounds up to the last one chose, and since which
 	// of the nodes' windows.
 	round  int64
 	chosen map[uint64]chosenMove
+	// balanceSplit is the partition the last windows chose to split for
+	// balance, and in how many windows in a row.
+	balanceSplit struct{ id, windows uint64 }
 }
 
 type chosenMove struct {
@@ -152,6 +156,10 @@ func (l *leaderLoad) remember(rates map[uint64]float64, window time.Duration) {
 // it changed. A node that publishes no count (one older than the count)
 // gets no load moves.
 const confirmWindows = 2
+
+// balanceSplitCooldown is how many split windows after its last split or
+// load move a node makes no split for balance.
+const balanceSplitCooldown = 2 + confirmWindows
 
 // loadFallRestarts is the fraction by which a node's own load may fall
 // while rounds choose a load move before the choice starts over: the load
@@ -318,4 +326,85 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 		return pref, false
 	}
 	return 0, false
+}
+
+// Splits for balance.
+//
+// Load moves place whole partitions, so how evenly they can spread load is
+// bounded by the partitions' sizes: a hot range split into 13 partitions
+// of similar rates over 6 nodes leaves one node leading 3 of them and the
+// others 2 (the scaling benchmark's one-prefix load did exactly that), and
+// no move evens that out - moving one of the three leaves its target
+// leading three - so pickLeader rightly makes none. Splitting one of them
+// does: its halves are two partitions of half the rate, and one of them
+// can move.
+//
+// So a node whose leader load exceeds a voter's by more than a whole move
+// of its busiest partition can fix (least + rate >= own - slack) but by
+// more than half of it (least + rate/2 < own - slack) splits that
+// partition at the middle of its written keys, once that has been so for
+// confirmWindows of its windows in a row (splitForBalanceOnce); the load
+// rule then moves a half. Not within balanceSplitCooldown windows of its
+// last split or load move: the halves must be measured and a load move
+// confirmed (confirmWindows) before the loads show what the split did. Only partitions that take at least a quarter of
+// --split-write-rate split so: a split is cheap, but each partition costs
+// every replica a raft group, and a cluster with little load has nothing
+// to even out.
+
+// ledPartition is a partition this node leads, for splitForBalance: its
+// last window's rate and the voters its leadership can move to.
+type ledPartition struct {
+	id         uint64
+	rate       float64
+	candidates []uint64
+}
+
+// splitForBalance returns the partition among led (this node's, self's)
+// whose split lets a load move even out the loads v holds where no load
+// move of a whole partition can, or 0: the busiest one that takes at
+// least floor writes/s, has a settled candidate, and that no load move
+// can take away (pickLeader would move it) but half of which one can, by
+// more than the slack (a finer split would trade crumbs).
+func splitForBalance(self uint64, led []ledPartition, v loadView, floor float64) uint64 {
+	own := v.loads[self]
+	slack := max(minLoadSlack, loadSlack*own)
+	var best ledPartition
+	for _, p := range led {
+		least := math.Inf(1)
+		for _, c := range p.candidates {
+			if !v.unsettled[c] {
+				least = min(least, v.loads[c])
+			}
+		}
+		switch {
+		case p.rate <= 0 || math.IsInf(least, 1):
+		case least+p.rate < own-slack:
+			// A load move evens it out: the balancer makes that one.
+			return 0
+		case p.rate >= floor && p.rate > best.rate && least+p.rate/2 < own-slack && p.rate/2 > slack:
+			best = p
+		}
+	}
+	return best.id
+}
+
+// confirmBalanceSplit records that this window chose to split partition
+// id for balance (0: none) and reports whether the last confirmWindows
+// windows all chose it.
+func (l *leaderLoad) confirmBalanceSplit(id uint64) bool {
+	l.Lock()
+	defer l.Unlock()
+	b := &l.balanceSplit
+	if id == 0 || id != b.id {
+		b.id, b.windows = id, 0
+	}
+	if id == 0 {
+		return false
+	}
+	b.windows++
+	if b.windows < confirmWindows {
+		return false
+	}
+	b.id, b.windows = 0, 0
+	return true
 }

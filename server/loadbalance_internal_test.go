@@ -186,3 +186,55 @@ func TestMovedUpdatesRememberedLoads(t *testing.T) {
 		t.Fatalf("the second partition went to %d too, which leaves node 2 twice as busy as node 1 was", to)
 	}
 }
+
+func TestSplitForBalancePick(t *testing.T) {
+	three := func(rates ...float64) []ledPartition {
+		var led []ledPartition
+		for i, r := range rates {
+			led = append(led, ledPartition{id: uint64(10 + i), rate: r, candidates: []uint64{2, 3}})
+		}
+		return led
+	}
+	for _, c := range []struct {
+		name      string
+		led       []ledPartition
+		loads     map[uint64]float64
+		unsettled map[uint64]bool
+		want      uint64
+	}{
+		// The scaling benchmark's case: 3 partitions here, 2 on each voter.
+		{name: "three against two: split the busiest", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 200}, want: 11},
+		{name: "a load move can even it out: none", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 90, 3: 200}},
+		{name: "a small partition's move evens it out: none", led: three(200, 100, 20), loads: map[uint64]float64{1: 320, 2: 280, 3: 280}},
+		{name: "even: none", led: three(100, 100), loads: map[uint64]float64{1: 200, 2: 200, 3: 190}},
+		{name: "a half would not even it out: none", led: three(100, 100, 100), loads: map[uint64]float64{1: 300, 2: 260, 3: 270}},
+		{name: "a half within the slack: none (crumbs)", led: three(60, 60, 60, 60, 60), loads: map[uint64]float64{1: 300, 2: 220, 3: 230}},
+		{name: "below the floor: none", led: three(30, 30, 30), loads: map[uint64]float64{1: 90, 2: 60, 3: 60}},
+		{name: "equally busy: the first", led: three(100, 100, 90), loads: map[uint64]float64{1: 290, 2: 190, 3: 200}, want: 10},
+		{name: "every voter unsettled: none", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 200}, unsettled: map[uint64]bool{2: true, 3: true}},
+		{name: "the less loaded voter unsettled: by the other", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 250}, unsettled: map[uint64]bool{2: true}},
+		{name: "no candidates: none", led: []ledPartition{{id: 10, rate: 300}}, loads: map[uint64]float64{1: 300, 2: 0}},
+	} {
+		v := newLoadView()
+		v.loads = c.loads
+		if c.unsettled != nil {
+			v.unsettled = c.unsettled
+		}
+		if got := splitForBalance(1, c.led, v, 50); got != c.want {
+			t.Errorf("%s: split %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestConfirmBalanceSplit(t *testing.T) {
+	var l leaderLoad
+	steps := []struct {
+		id   uint64
+		want bool
+	}{{5, false}, {5, true}, {5, false}, {6, false}, {5, false}, {0, false}, {5, false}, {5, true}}
+	for i, s := range steps {
+		if got := l.confirmBalanceSplit(s.id); got != s.want {
+			t.Fatalf("step %d (%d): %v, want %v", i, s.id, got, s.want)
+		}
+	}
+}

@@ -160,21 +160,9 @@ func (s *Server) balanceLeadersOnce() {
 		if !st.IsLeader || !st.LeaderReady {
 			continue
 		}
-		// A group whose replicas are changing (a move or repair: more
-		// voters than the replication factor, or partition learners)
-		// keeps its leader: the leader may have been handed over so
-		// that the preferred node's replica can be removed.
-		if len(st.Voters) > min(s.id.Replicas, len(members)) || (len(st.Learners) > 0 && !allMembersGroup(id)) {
+		candidates, ok := s.leaderCandidates(id, st, members)
+		if !ok {
 			continue
-		}
-		// Gossip takes seconds to notice a dead node; raft knows within
-		// an election timeout whether a voter still answers. A transfer
-		// to a dead node would pause the group's writes for nothing.
-		var candidates []uint64
-		for _, v := range st.Voters {
-			if v != s.id.MemberID && slices.Contains(st.Active, v) && s.membership.Alive(v) && slices.Contains(members, v) {
-				candidates = append(candidates, v)
-			}
 		}
 		pref := s.preferredLeaderOf(id)
 		if allMembersGroup(id) {
@@ -205,6 +193,28 @@ func (s *Server) balanceLeadersOnce() {
 			view.moved(s.id.MemberID, to, rates[id], s.load.remembered(id, rates[id]))
 		}
 	}
+}
+
+// leaderCandidates returns the voters that group id's leadership, which
+// this node holds (status st), can move to, of the current members; false
+// if it stays for now: a group whose replicas are changing (a move or
+// repair: more voters than the replication factor, or partition learners)
+// keeps its leader, which may have been handed over so that the preferred
+// node's replica can be removed.
+func (s *Server) leaderCandidates(id uint64, st raftgroup.Status, members []uint64) ([]uint64, bool) {
+	if len(st.Voters) > min(s.id.Replicas, len(members)) || (len(st.Learners) > 0 && !allMembersGroup(id)) {
+		return nil, false
+	}
+	// Gossip takes seconds to notice a dead node; raft knows within an
+	// election timeout whether a voter still answers. A transfer to a
+	// dead node would pause the group's writes for nothing.
+	var candidates []uint64
+	for _, v := range st.Voters {
+		if v != s.id.MemberID && slices.Contains(st.Active, v) && s.membership.Alive(v) && slices.Contains(members, v) {
+			candidates = append(candidates, v)
+		}
+	}
+	return candidates, true
 }
 
 // transferLeadership hands group g's leadership to node to. The TSO leader

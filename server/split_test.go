@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/internal/testutil"
+	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/server"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -546,6 +547,169 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 	for _, kv := range g.Kvs {
 		if string(kv.Value) != fmt.Sprint(len(c.Nodes)-1) {
 			t.Fatalf("%s = %s, want the last write's %d", kv.Key, kv.Value, len(c.Nodes)-1)
+		}
+	}
+}
+
+// TestSplitForBalance: a node leading two partitions as busy as the one
+// each other node leads has twice their load, and no move of a whole
+// partition evens that out (it would only swap the imbalance). The node
+// splits one of its partitions for balance, and the leader balancer moves
+// a half: no node keeps more than 44% of the load (two partitions' worth
+// out of four was 50%). No write fails, and every key reads back its last
+// acknowledged value.
+func TestSplitForBalance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster and writes for up to a minute")
+	}
+	const rate = 25 // writes/s to each loaded partition: under --split-write-rate 40
+	c := testutil.StartCluster(t, 3, server.Config{SplitKeys: -1, SplitWriteRate: 40, SplitWindow: 2 * time.Second, LeaderBalanceInterval: time.Second,
+		InitialSplitPoints: []string{"/registry/a/", "/registry/b/", "/registry/c/", "/registry/d/", "/registry/e/", "/registry/f/"}})
+	ctx := context.Background()
+	cl := testutil.Client(t, c.Endpoint(0))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := cl.Put(ctx, "/registry/pods/a", "1"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Two partitions led by one node, one by each other node.
+	leaderOf := func(id uint64) int {
+		for i, n := range c.Nodes {
+			if st, ok := n.GroupStatus(id); ok && st.IsLeader {
+				return i
+			}
+		}
+		return -1
+	}
+	// The leader balancer spreads the leaderships over the nodes once they
+	// all serve.
+	var loaded []kvapi.Route
+	for deadline := time.Now().Add(30 * time.Second); len(loaded) < 4; time.Sleep(200 * time.Millisecond) {
+		byNode := map[int][]kvapi.Route{}
+		for _, rt := range c.Nodes[0].Store().Routes() {
+			if len(rt.Start) == 0 {
+				continue // no key of ours sorts into the first range
+			}
+			if i := leaderOf(rt.ID); i >= 0 {
+				byNode[i] = append(byNode[i], rt)
+			}
+		}
+		busy := 0
+		for i := range c.Nodes {
+			if len(byNode[i]) > len(byNode[busy]) {
+				busy = i
+			}
+		}
+		loaded = nil
+		for i := range c.Nodes {
+			want := 1
+			if i == busy {
+				want = 2
+			}
+			if len(byNode[i]) < want {
+				if time.Now().After(deadline) {
+					t.Fatalf("node %d leads %d partitions (%v), want %d", i, len(byNode[i]), byNode, want)
+				}
+				loaded = nil
+				break
+			}
+			loaded = append(loaded, byNode[i][:want]...)
+		}
+	}
+	keyOf := func(rt kvapi.Route, k int) string {
+		key := fmt.Sprintf("%s\x00k%03d", rt.Start, k)
+		if len(rt.End) > 0 && key >= string(rt.End) {
+			t.Fatalf("key %q is not in [%q, %q)", key, rt.Start, rt.End)
+		}
+		return key
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	last := map[string]string{}
+	var errs []error
+	for w, rt := range loaded {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(time.Second / rate)
+			defer tick.Stop()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				// Random keys: the split key, the middle of a window's
+				// writes, then splits the rate in halves.
+				key, val := keyOf(rt, rand.IntN(100)), fmt.Sprintf("w%d-%d", w, n)
+				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := cl.Put(wctx, key, val)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("put %q: %w", key, err))
+				} else {
+					last[key] = val
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	// The share of the leader load of the busiest node, once every node
+	// measured some.
+	busiest := func() (share, sum float64) {
+		var most float64
+		for _, n := range c.Nodes {
+			l := gaugeValue(t, n, "brain_leader_write_rate")
+			sum += l
+			most = max(most, l)
+		}
+		return most / sum, sum
+	}
+	balanceSplits := func() (sum float64) {
+		for _, n := range c.Nodes {
+			sum += counterValue(t, n, "brain_partition_splits_total", "balance")
+		}
+		return sum
+	}
+	// Balanced in two windows in a row (the gauges change once a window).
+	var share, sum float64
+	balanced := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		share, sum = busiest()
+		if balanceSplits() > 0 && sum > 2*rate && share < 0.44 {
+			balanced++
+		} else {
+			balanced = 0
+		}
+		if balanced > 25 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("after 60s: %v splits for balance, the busiest node takes %.0f%% of %.0f writes/s", balanceSplits(), 100*share, sum)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%v splits for balance; the busiest node takes %.0f%% of %.0f writes/s", balanceSplits(), 100*share, sum)
+	for _, err := range errs {
+		t.Error(err)
+	}
+	for key, val := range last {
+		resp, err := cl.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != val {
+			t.Errorf("%q reads %v, want %q", key, resp.Kvs, val)
 		}
 	}
 }

@@ -266,23 +266,19 @@ const minLoadSplitKeys = 64
 // the leader balancer (loadbalance.go).
 func (s *Server) splitDriver() {
 	s.every(s.cfg.SplitWindow, nil, func() {
-		type window struct {
-			p      *partition.Partition
-			writes int64
-			hot    []byte
-		}
-		var led []window
+		var led []ledWindow
 		rates := map[uint64]float64{}
 		for _, p := range s.servingPartitions() {
 			// Every replica's window restarts, so a follower that leads
 			// again later does not count writes of an earlier leadership.
 			writes, hot := p.TakeLoad()
 			if p.IsLeader() {
-				led = append(led, window{p, writes, hot})
+				led = append(led, ledWindow{p, writes, hot})
 				rates[p.ID()] = float64(writes) / s.cfg.SplitWindow.Seconds()
 			}
 		}
 		s.setLeaderRates(rates)
+		split := false
 		for _, w := range led {
 			p, writes, hot := w.p, w.writes, w.hot
 			var key []byte
@@ -303,10 +299,78 @@ func (s *Server) splitDriver() {
 				s.log.Warn("automatic split failed", "partition", p.ID(), "reason", reason, "key", fmt.Sprintf("%q", key), "err", err)
 				continue
 			}
+			split = true
+			s.load.Lock()
+			s.load.lastSplit = time.Now()
+			s.load.Unlock()
 			s.splits.WithLabelValues(reason).Inc()
 			s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", key), "writes", writes, "keys", p.Keys())
 		}
+		if split {
+			s.load.confirmBalanceSplit(0)
+			return
+		}
+		s.splitForBalanceOnce(led)
 	})
+}
+
+// splitForBalanceOnce is one window's split for balance (loadbalance.go),
+// given the partitions this node led through it and their sampled keys.
+func (s *Server) splitForBalanceOnce(led []ledWindow) {
+	if s.cfg.SplitWriteRate <= 0 {
+		return
+	}
+	s.load.Lock()
+	cooldown := balanceSplitCooldown * s.cfg.SplitWindow
+	recentMove := time.Since(s.load.lastMove) < cooldown || time.Since(s.load.lastSplit) < cooldown
+	s.load.Unlock()
+	view := s.nodeLoads(s.Leading())
+	if recentMove || view.unsettled[s.id.MemberID] {
+		// The loads do not show the last move yet.
+		s.load.confirmBalanceSplit(0)
+		return
+	}
+	members := s.memberIDs()
+	var parts []ledPartition
+	hot := map[uint64][]byte{}
+	for _, w := range led {
+		g := s.host.Group(w.p.ID())
+		if g == nil || w.hot == nil || w.p.Keys() < minLoadSplitKeys {
+			continue
+		}
+		st := g.Status()
+		cands, ok := s.leaderCandidates(w.p.ID(), st, members)
+		if !st.IsLeader || !ok {
+			continue
+		}
+		parts = append(parts, ledPartition{id: w.p.ID(), rate: float64(w.writes) / s.cfg.SplitWindow.Seconds(), candidates: cands})
+		hot[w.p.ID()] = w.hot
+	}
+	id := splitForBalance(s.id.MemberID, parts, view, s.cfg.SplitWriteRate/4)
+	if !s.load.confirmBalanceSplit(id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	parent, child, err := s.store.Split(ctx, hot[id])
+	cancel()
+	if err != nil {
+		s.log.Warn("split for balance failed", "partition", id, "key", fmt.Sprintf("%q", hot[id]), "err", err)
+		return
+	}
+	s.load.Lock()
+	s.load.lastSplit = time.Now()
+	s.load.Unlock()
+	s.splits.WithLabelValues("balance").Inc()
+	s.log.Info("automatic split", "partition", parent, "child", child, "reason", "balance", "key", fmt.Sprintf("%q", hot[id]),
+		"load", view.loads[s.id.MemberID], "loads", view.loads)
+}
+
+// ledWindow is a partition this node led through a split window: the
+// writes its leader evaluated and the middle of the keys they wrote.
+type ledWindow struct {
+	p      *partition.Partition
+	writes int64
+	hot    []byte
 }
 
 // Split splits the partition holding key at key (see kvapi.Store.Split).
