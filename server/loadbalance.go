@@ -47,7 +47,8 @@ import (
 //     rotation's) if that does not leave the preferred node busier than
 //     this one is now by more than the slack: target load + rate <= own
 //     load + slack. With no load anywhere this is the plain rotation.
-//     This rule compares remembered loads: each partition's rate is
+//     This rule compares the current loads and also remembered loads
+//     (both must allow the move): each partition's rate is
 //     remembered as the larger of its last window's and its remembered
 //     rate decayed with a half-life of loadMemoryHalfLife (a node gossips
 //     the sum for the partitions it leads, NodeLoad.Recent). When the
@@ -321,8 +322,18 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 			return least, true
 		}
 	}
+	// By the current loads as well as the remembered ones: remembered
+	// loads alone let the node a load move had just gone to hand the
+	// partition straight back to its preferred node, the sender (the
+	// receiver's remembered load, of rates from before the hot range's
+	// last splits, was high; the scaling benchmark's one-prefix runs did
+	// that to the same partition every 12 to 30 s). The current loads
+	// are what the load rule compares, so a move that leaves them
+	// balanced never undoes one.
 	ownRecent := v.recentOf(self)
-	if pref != self && slices.Contains(candidates, pref) && v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
+	if pref != self && slices.Contains(candidates, pref) &&
+		loads[pref]+rate <= own+slack &&
+		v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
 		return pref, false
 	}
 	return 0, false

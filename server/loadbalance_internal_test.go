@@ -76,21 +76,46 @@ func TestPickLeaderDoesNotUndo(t *testing.T) {
 		if loads[1] > 0 && r.IntN(4) > 0 {
 			rate = float64(r.IntN(int(loads[1]) + 1))
 		}
+		// Remembered loads (at least the current ones) and the
+		// partition's remembered rate, in half the cases.
+		recent := map[uint64]float64{}
+		recentRate := rate
+		if r.IntN(2) == 0 {
+			for _, n := range nodes {
+				recent[n] = loads[n] + float64(r.IntN(1000))
+			}
+			recentRate = rate + float64(r.IntN(int(recent[1]-loads[1])+1))
+		}
 		pref := nodes[r.IntN(len(nodes))]
-		to, _ := pickLeader(1, pref, rate, rate, loadView{loads: loads}, others(1), r.IntN(2) == 0)
+		to, _ := pickLeader(1, pref, rate, recentRate, loadView{loads: loads, recent: recent}, others(1), r.IntN(2) == 0)
 		if to == 0 {
 			continue
 		}
 		moves++
 		after := map[uint64]float64{}
-		for n, l := range loads {
-			after[n] = l
+		recentAfter := map[uint64]float64{}
+		for _, n := range nodes {
+			after[n] = loads[n]
+			recentAfter[n] = max(recent[n], loads[n])
 		}
 		after[1] -= rate
 		after[to] += rate
+		recentAfter[1] -= recentRate
+		recentAfter[to] += recentRate
+		// The receiver measured the partition, or not yet (its rate 0,
+		// none remembered, its load without it).
+		unmeasured, recentUnmeasured := map[uint64]float64{}, map[uint64]float64{}
+		for _, n := range nodes {
+			unmeasured[n], recentUnmeasured[n] = after[n], recentAfter[n]
+		}
+		unmeasured[to] -= rate
+		recentUnmeasured[to] -= recentRate
 		for _, byLoad := range []bool{true, false} {
-			if back, _ := pickLeader(to, pref, rate, rate, loadView{loads: after}, others(to), byLoad); back == 1 {
-				t.Fatalf("loads %v, rate %v, preferred %d: moved to %d, which moves it back (load moves %v)", loads, rate, pref, to, byLoad)
+			if back, _ := pickLeader(to, pref, rate, recentRate, loadView{loads: after, recent: recentAfter}, others(to), byLoad); back == 1 {
+				t.Fatalf("loads %v (remembered %v), rate %v (%v), preferred %d: moved to %d, which moves it back (load moves %v)", loads, recent, rate, recentRate, pref, to, byLoad)
+			}
+			if back, _ := pickLeader(to, pref, 0, 0, loadView{loads: unmeasured, recent: recentUnmeasured, unsettled: map[uint64]bool{to: true}}, others(to), byLoad); back == 1 {
+				t.Fatalf("loads %v (remembered %v), rate %v (%v), preferred %d: moved to %d, which moves it back before measuring it (load moves %v)", loads, recent, rate, recentRate, pref, to, byLoad)
 			}
 		}
 	}
