@@ -129,7 +129,7 @@ func (m *maintenanceServer) Snapshot(r *pb.SnapshotRequest, stream pb.Maintenanc
 }
 
 func (m *maintenanceServer) MoveLeader(ctx context.Context, r *pb.MoveLeaderRequest) (*pb.MoveLeaderResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "brain: MoveLeader is not supported by a single node")
+	return nil, status.Error(codes.Unimplemented, "brain: MoveLeader is not supported: every partition, the TSO and the meta group have a leader of their own; use brainnode transfer-leader --group N --to NAME")
 }
 
 func (m *maintenanceServer) Downgrade(ctx context.Context, r *pb.DowngradeRequest) (*pb.DowngradeResponse, error) {

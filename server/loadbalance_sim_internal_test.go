@@ -36,10 +36,10 @@ type balanceSim struct {
 	// movedFrom is, for each partition a load move placed, the node it
 	// came from and when; bounced lists preferred moves that sent it
 	// straight back.
-	movedFrom map[int]simMoved
-	bounced   []string
-	splits                    []string // splits for balance
-	lateSplits                int      // of them after E+window
+	movedFrom  map[int]simMoved
+	bounced    []string
+	splits     []string // splits for balance
+	lateSplits int      // of them after E+window
 	// loadsBeforeE is each node's share of the load a second before E.
 	loadsBeforeE []float64
 }
