@@ -93,9 +93,13 @@ type leaderLoad struct {
 	// of the nodes' windows.
 	round  int64
 	chosen map[uint64]chosenMove
-	// balanceSplit is the partition the last windows chose to split for
-	// balance, and in how many windows in a row.
-	balanceSplit struct{ id, windows uint64 }
+	// balanceSplit is the last window's choice of a partition to split
+	// for balance, and since when the windows chose one
+	// (confirmBalanceSplit).
+	balanceSplit struct {
+		id uint64
+		chosenMove
+	}
 }
 
 type chosenMove struct {
@@ -113,6 +117,22 @@ type loadView struct {
 	recent    map[uint64]float64
 	unsettled map[uint64]bool
 	windows   map[uint64]uint64
+}
+
+// anyLoad reports whether any node has a leader load, current or
+// remembered.
+func (v loadView) anyLoad() bool {
+	for _, l := range v.loads {
+		if l > 0 {
+			return true
+		}
+	}
+	for _, l := range v.recent {
+		if l > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // recentOf is node n's remembered load: at least its current one (a node
@@ -207,10 +227,19 @@ func (l *leaderLoad) confirmLoadMove(id, to, own, target uint64, ownLoad float64
 }
 
 // decide is one balancer round's decision for group id, which this node
-// (self) leads and which took rate writes/s: where its leadership goes (0:
-// it stays), and whether that is a load move. A load move pickLeader
-// chooses is made only once confirmLoadMove confirms it.
-func (l *leaderLoad) decide(self, id, pref uint64, rate float64, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+// (self) leads and which took rate writes/s (measured: over a whole
+// window it led it through): where its leadership goes (0: it stays), and
+// whether that is a load move. A load move pickLeader chooses is made only
+// once confirmLoadMove confirms it. A partition this node has not
+// measured yet stays while any node has load: its rate is unknown, and
+// the node a load move has just reached would otherwise take it for idle
+// and hand it back to its preferred node, the sender. With no load
+// anywhere (a cluster starting) the rotation applies at once.
+func (l *leaderLoad) decide(self, id, pref uint64, rate float64, measured bool, v loadView, candidates []uint64, byLoad bool) (to uint64, forLoad bool) {
+	if !measured && v.anyLoad() {
+		l.forgetLoadMove(id)
+		return 0, false
+	}
 	to, forLoad = pickLeader(self, pref, rate, l.remembered(id, rate), v, candidates, byLoad)
 	if forLoad && !l.confirmLoadMove(id, to, v.windows[self], v.windows[to], v.loads[self]) {
 		return 0, false
@@ -241,11 +270,12 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 }
 
 // leaderRate returns partition id's write rate over the last window this
-// node led it through (0 if unknown).
-func (s *Server) leaderRate(id uint64) float64 {
+// node led it through, and whether it did (else 0, false).
+func (s *Server) leaderRate(id uint64) (float64, bool) {
 	s.load.Lock()
 	defer s.load.Unlock()
-	return s.load.rates[id]
+	r, ok := s.load.rates[id]
+	return r, ok
 }
 
 // ownLoad returns this node's leader load now: the rates of the partitions
@@ -330,8 +360,14 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 	// that to the same partition every 12 to 30 s). The current loads
 	// are what the load rule compares, so a move that leaves them
 	// balanced never undoes one.
+	//
+	// Nor to a preferred node that leads partitions it has not measured
+	// yet while there is load: its load is low by an unknown amount (it
+	// may have just received a load move; the simulation saw the other
+	// half of a split follow the first there, and both come back).
 	ownRecent := v.recentOf(self)
 	if pref != self && slices.Contains(candidates, pref) &&
+		(!unsettled[pref] || !v.anyLoad()) &&
 		loads[pref]+rate <= own+slack &&
 		v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
 		return pref, false
@@ -372,50 +408,61 @@ type ledPartition struct {
 
 // splitForBalance returns the partition among led (this node's, self's)
 // whose split lets a load move even out the loads v holds where no load
-// move of a whole partition can, or 0: the busiest one that takes at
+// move of a whole partition can, and the voter a half would move to, or
+// 0: the busiest one that takes at
 // least floor writes/s, has a settled candidate, and that no load move
 // can take away (pickLeader would move it) but half of which one can, by
 // more than the slack (a finer split would trade crumbs).
-func splitForBalance(self uint64, led []ledPartition, v loadView, floor float64) uint64 {
+func splitForBalance(self uint64, led []ledPartition, v loadView, floor float64) (id, to uint64) {
 	own := v.loads[self]
 	slack := max(minLoadSlack, loadSlack*own)
 	var best ledPartition
 	for _, p := range led {
-		least := math.Inf(1)
+		least, target := math.Inf(1), uint64(0)
 		for _, c := range p.candidates {
-			if !v.unsettled[c] {
-				least = min(least, v.loads[c])
+			if !v.unsettled[c] && v.loads[c] < least {
+				least, target = v.loads[c], c
 			}
 		}
 		switch {
 		case p.rate <= 0 || math.IsInf(least, 1):
 		case least+p.rate < own-slack:
 			// A load move evens it out: the balancer makes that one.
-			return 0
+			return 0, 0
 		case p.rate >= floor && p.rate > best.rate && least+p.rate/2 < own-slack && p.rate/2 > slack:
-			best = p
+			best, to = p, target
 		}
 	}
-	return best.id
+	return best.id, to
 }
 
 // confirmBalanceSplit records that this window chose to split partition
-// id for balance (0: none) and reports whether the last confirmWindows
-// windows all chose it.
-func (l *leaderLoad) confirmBalanceSplit(id uint64) bool {
+// id for balance (0: none), for a load move to node to, when this node
+// and node to had measured own and target windows and this node's load
+// was ownLoad, and reports whether every window since this node measured
+// confirmWindows more chose a split, and node to measured as many since a
+// window first chose it: as for a load move (confirmLoadMove), the loads
+// compared when load starts or shifts may come from windows that began
+// before it. Which partition may change from window to window (equally
+// busy ones trade places with the rates' noise). A window that chose none
+// starts over, as does a load of this node's that fell by more than
+// loadFallRestarts.
+func (l *leaderLoad) confirmBalanceSplit(id, to, own, target uint64, ownLoad float64) bool {
 	l.Lock()
 	defer l.Unlock()
 	b := &l.balanceSplit
-	if id == 0 || id != b.id {
-		b.id, b.windows = id, 0
+	if id == 0 || b.id == 0 || own < b.ownAt || ownLoad < (1-loadFallRestarts)*b.ownLoad {
+		b.id, b.chosenMove = id, chosenMove{ownAt: own, ownLoad: ownLoad, toAt: map[uint64]uint64{}}
 	}
 	if id == 0 {
 		return false
 	}
-	b.windows++
-	if b.windows < confirmWindows {
-		return false
+	if at, seen := b.toAt[to]; !seen || target < at {
+		b.toAt[to] = target
 	}
-	b.id, b.windows = 0, 0
-	return true
+	if own >= b.ownAt+confirmWindows && target >= b.toAt[to]+confirmWindows {
+		b.id, b.chosenMove = 0, chosenMove{}
+		return true
+	}
+	return false
 }

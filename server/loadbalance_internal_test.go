@@ -38,6 +38,7 @@ func TestPickLeader(t *testing.T) {
 		{name: "writes paused, the preferred node was idle: move there", pref: 2, recentRate: 100, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 3: 500}, cands: []uint64{2, 3}, byLoad: true, to: 2},
 		{name: "a node publishing no remembered load: its current one counts", pref: 2, rate: 100, loads: map[uint64]float64{1: 300, 2: 500}, recent: map[uint64]float64{1: 300}, cands: []uint64{2, 3}},
 		{name: "unsettled preferred node: the rotation still applies", pref: 2, loads: map[uint64]float64{}, unsettled: map[uint64]bool{2: true}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "unsettled preferred node under load: stay", pref: 2, rate: 10, loads: map[uint64]float64{1: 300, 2: 100, 3: 300}, unsettled: map[uint64]bool{2: true}, cands: []uint64{2, 3}, byLoad: true},
 	} {
 		recent := max(c.rate, c.recentRate)
 		to, forLoad := pickLeader(1, c.pref, c.rate, recent, loadView{loads: c.loads, recent: c.recent, unsettled: c.unsettled}, c.cands, c.byLoad)
@@ -225,17 +226,17 @@ func TestSplitForBalancePick(t *testing.T) {
 		led       []ledPartition
 		loads     map[uint64]float64
 		unsettled map[uint64]bool
-		want      uint64
+		want, to  uint64
 	}{
 		// The scaling benchmark's case: 3 partitions here, 2 on each voter.
-		{name: "three against two: split the busiest", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 200}, want: 11},
+		{name: "three against two: split the busiest", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 200}, want: 11, to: 2},
 		{name: "a load move can even it out: none", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 90, 3: 200}},
 		{name: "a small partition's move evens it out: none", led: three(200, 100, 20), loads: map[uint64]float64{1: 320, 2: 280, 3: 280}},
 		{name: "even: none", led: three(100, 100), loads: map[uint64]float64{1: 200, 2: 200, 3: 190}},
 		{name: "a half would not even it out: none", led: three(100, 100, 100), loads: map[uint64]float64{1: 300, 2: 260, 3: 270}},
 		{name: "a half within the slack: none (crumbs)", led: three(60, 60, 60, 60, 60), loads: map[uint64]float64{1: 300, 2: 220, 3: 230}},
 		{name: "below the floor: none", led: three(30, 30, 30), loads: map[uint64]float64{1: 90, 2: 60, 3: 60}},
-		{name: "equally busy: the first", led: three(100, 100, 90), loads: map[uint64]float64{1: 290, 2: 190, 3: 200}, want: 10},
+		{name: "equally busy: the first", led: three(100, 100, 90), loads: map[uint64]float64{1: 290, 2: 200, 3: 190}, want: 10, to: 3},
 		{name: "every voter unsettled: none", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 200}, unsettled: map[uint64]bool{2: true, 3: true}},
 		{name: "the less loaded voter unsettled: by the other", led: three(90, 100, 95), loads: map[uint64]float64{1: 285, 2: 190, 3: 250}, unsettled: map[uint64]bool{2: true}},
 		{name: "no candidates: none", led: []ledPartition{{id: 10, rate: 300}}, loads: map[uint64]float64{1: 300, 2: 0}},
@@ -245,21 +246,43 @@ func TestSplitForBalancePick(t *testing.T) {
 		if c.unsettled != nil {
 			v.unsettled = c.unsettled
 		}
-		if got := splitForBalance(1, c.led, v, 50); got != c.want {
-			t.Errorf("%s: split %d, want %d", c.name, got, c.want)
+		if got, to := splitForBalance(1, c.led, v, 50); got != c.want || to != c.to {
+			t.Errorf("%s: split %d for a move to %d, want %d to %d", c.name, got, to, c.want, c.to)
 		}
 	}
 }
 
+// TestConfirmBalanceSplit: a split for balance is made once every window
+// chose one while this node and the target measured two more windows
+// each; a window that chose none starts over, as does a load that fell by
+// more than a quarter.
 func TestConfirmBalanceSplit(t *testing.T) {
 	var l leaderLoad
-	steps := []struct {
-		id   uint64
-		want bool
-	}{{5, false}, {5, true}, {5, false}, {6, false}, {5, false}, {0, false}, {5, false}, {5, true}}
-	for i, s := range steps {
-		if got := l.confirmBalanceSplit(s.id); got != s.want {
-			t.Fatalf("step %d (%d): %v, want %v", i, s.id, got, s.want)
+	for i, c := range []struct {
+		id, to, own, target uint64
+		load                float64
+		want                bool
+	}{
+		{id: 5, to: 2, own: 10, target: 20, load: 100},
+		{id: 5, to: 2, own: 11, target: 21, load: 100},
+		{id: 5, to: 2, own: 12, target: 21, load: 100}, // the target's second window is still to come
+		{id: 5, to: 2, own: 12, target: 22, load: 100, want: true},
+		{id: 5, to: 2, own: 13, target: 23, load: 100}, // made: starts over
+		{id: 5, to: 2, own: 14, target: 24, load: 100},
+		{id: 6, to: 2, own: 15, target: 25, load: 100, want: true}, // another partition: the choice goes on
+		{id: 0, own: 16, load: 100},                                // none: over
+		{id: 6, to: 2, own: 18, target: 28, load: 100},
+		{id: 6, to: 2, own: 19, target: 29, load: 100},
+		{id: 6, to: 3, own: 20, target: 5, load: 100}, // another target: two windows of its own
+		{id: 6, to: 3, own: 21, target: 6, load: 100},
+		{id: 6, to: 3, own: 22, target: 7, load: 100, want: true},
+		{id: 7, to: 2, own: 30, target: 40, load: 100},
+		{id: 7, to: 2, own: 31, target: 41, load: 70}, // the load fell by more than a quarter: over
+		{id: 7, to: 2, own: 32, target: 42, load: 70},
+		{id: 7, to: 2, own: 33, target: 43, load: 70, want: true},
+	} {
+		if got := l.confirmBalanceSplit(c.id, c.to, c.own, c.target, c.load); got != c.want {
+			t.Fatalf("step %d (%+v): %v, want %v", i, c, got, c.want)
 		}
 	}
 }

@@ -21,11 +21,16 @@ type balanceSim struct {
 	n    int
 	L, E time.Duration
 	hot  float64 // partition 0's write rate, in multiples of the others'
-	r    *rand.Rand
+	// fullWindows: rates only of partitions led through a whole window,
+	// and no move of one without (as the server does); false: the rate
+	// since the leadership began counts (as it did before).
+	fullWindows bool
+	r           *rand.Rand
 
-	leader []int     // partition -> node (0-based)
-	weight []float64 // partition -> its share of the load, in partitions
-	base   []int     // partition -> the first node of its copyset
+	leader []int           // partition -> node (0-based)
+	gained []time.Duration // partition -> when its leader got it
+	weight []float64       // partition -> its share of the load, in partitions
+	base   []int           // partition -> the first node of its copyset
 	nodes  []*simNode
 
 	loadMoves, preferredMoves int
@@ -52,6 +57,7 @@ type simMoved struct {
 type simNode struct {
 	phaseW, phaseR time.Duration
 	rates          map[uint64]float64
+	ledBefore      map[int]bool // the partitions it led at its last window's end
 	windows        uint64
 	pub            []simPub // what it published, when it changed
 	ll             leaderLoad
@@ -82,11 +88,12 @@ func newBalanceSim(seed uint64, n int, hot float64, loadFor time.Duration) *bala
 
 func newBalanceSimParts(seed uint64, n, parts int, hot float64, loadFor time.Duration) *balanceSim {
 	r := rand.New(rand.NewPCG(seed, 7))
-	s := &balanceSim{n: n, hot: hot, r: r, loadPlaced: map[int]bool{}, movedFrom: map[int]simMoved{}}
+	s := &balanceSim{n: n, hot: hot, r: r, fullWindows: true, loadPlaced: map[int]bool{}, movedFrom: map[int]simMoved{}}
 	s.L = time.Duration(20+r.IntN(10)) * time.Second
 	s.E = s.L + loadFor + time.Duration(r.IntN(10))*time.Second
 	for p := range parts {
 		s.leader = append(s.leader, p%n)
+		s.gained = append(s.gained, 0)
 		s.weight = append(s.weight, 1)
 		s.base = append(s.base, (p%n)/3*3)
 	}
@@ -183,8 +190,11 @@ func (s *balanceSim) round(i int, now time.Duration) {
 				cands = append(cands, uint64(x+1))
 			}
 		}
-		rate := nd.rates[uint64(p)]
-		to, forLoad := nd.ll.decide(self, uint64(p), uint64(p%s.n+1), rate, v, cands, byLoad)
+		rate, measured := nd.rates[uint64(p)]
+		if !s.fullWindows {
+			measured = true // as before: any rate counts
+		}
+		to, forLoad := nd.ll.decide(self, uint64(p), uint64(p%s.n+1), rate, measured, v, cands, byLoad)
 		if to == 0 {
 			continue
 		}
@@ -214,6 +224,10 @@ func (s *balanceSim) round(i int, now time.Duration) {
 			delete(s.loadPlaced, p)
 		}
 		s.leader[p] = int(to - 1)
+		if simTrace != nil {
+			*simTrace = append(*simTrace, fmt.Sprintf("%v: %d -> %d partition %d load %v rate %v loads %v", now, self, to, p, forLoad, rate, v.loads))
+		}
+		s.gained[p] = now
 		v.moved(self, to, rate, nd.ll.remembered(uint64(p), rate))
 	}
 }
@@ -225,7 +239,7 @@ func (s *balanceSim) splitOnce(i int, now time.Duration) {
 	v := s.view(i, now)
 	cooldown := balanceSplitCooldown * simWindow
 	if now-nd.lastMove < cooldown || now-nd.lastSplit < cooldown || v.unsettled[uint64(i+1)] {
-		nd.ll.confirmBalanceSplit(0)
+		nd.ll.confirmBalanceSplit(0, 0, 0, 0, 0)
 		return
 	}
 	var led []ledPartition
@@ -241,14 +255,16 @@ func (s *balanceSim) splitOnce(i int, now time.Duration) {
 		}
 		led = append(led, lp)
 	}
-	id := splitForBalance(uint64(i+1), led, v, simSplitFloor)
-	if !nd.ll.confirmBalanceSplit(id) {
+	self := uint64(i + 1)
+	id, to := splitForBalance(self, led, v, simSplitFloor)
+	if !nd.ll.confirmBalanceSplit(id, to, v.windows[self], v.windows[to], v.loads[self]) {
 		return
 	}
 	p := int(id - 1)
 	nd.lastSplit = now
 	s.weight[p] /= 2
 	s.leader = append(s.leader, i)
+	s.gained = append(s.gained, now)
 	s.weight = append(s.weight, s.weight[p])
 	s.base = append(s.base, s.base[p])
 	s.splits = append(s.splits, fmt.Sprintf("%v: node %d split partition %d (loads %v)", now, i+1, p, v.loads))
@@ -274,12 +290,21 @@ func (s *balanceSim) run() {
 		}
 		for i, nd := range s.nodes {
 			if now >= simWindow && (now-nd.phaseW)%simWindow == 0 {
+				// Writes counted since the leadership began; only a
+				// partition led through the whole window has a rate
+				// (splitDriver).
 				nd.rates = map[uint64]float64{}
+				led := map[int]bool{}
 				for p, at := range s.leader {
-					if at == i {
-						nd.rates[uint64(p)] = s.measured(p, now-simWindow, now)
+					if at != i {
+						continue
+					}
+					led[p] = true
+					if nd.ledBefore[p] || !s.fullWindows {
+						nd.rates[uint64(p)] = s.measured(p, max(now-simWindow, s.gained[p]), now) * float64(now-max(now-simWindow, s.gained[p])) / float64(simWindow)
 					}
 				}
+				nd.ledBefore = led
 				nd.windows++
 				nd.ll.remember(nd.rates, simWindow)
 				s.splitOnce(i, now)
@@ -385,3 +410,5 @@ func TestSplitsForBalanceEvenOutLoads(t *testing.T) {
 		t.Logf("%d nodes, %d partitions: %d splits in 100 runs; the busiest node took at most %.2f times the mean", c.n, c.parts, splits, worst)
 	}
 }
+
+var simTrace *[]string

@@ -146,8 +146,9 @@ func (s *Server) balanceLeadersOnce() {
 	// one that evens the loads out.
 	ids := s.groupIDs()
 	rates := make(map[uint64]float64, len(ids))
+	measured := make(map[uint64]bool, len(ids))
 	for _, id := range ids {
-		rates[id] = s.leaderRate(id)
+		rates[id], measured[id] = s.leaderRate(id)
 	}
 	slices.SortStableFunc(ids, func(a, b uint64) int { return cmp.Compare(rates[b], rates[a]) })
 	members := s.memberIDs()
@@ -173,7 +174,7 @@ func (s *Server) balanceLeadersOnce() {
 			}
 			continue
 		}
-		to, forLoad := s.load.decide(s.id.MemberID, id, pref, rates[id], view, candidates, byLoad)
+		to, forLoad := s.load.decide(s.id.MemberID, id, pref, rates[id], measured[id], view, candidates, byLoad)
 		if to == 0 {
 			continue
 		}

@@ -258,25 +258,37 @@ func (s *Server) reportSplits() {
 // the load of fewer is too concentrated to spread by splitting.
 const minLoadSplitKeys = 64
 
-// splitDriver splits the partitions this node leads that grew past
-// --split-keys or took more than --split-write-rate writes per second
-// over the last window, until the node stops.
+// splitDriver splits the partitions this node led through the last
+// window that grew past --split-keys or took more than --split-write-rate
+// writes per second over it, until the node stops.
 //
 // It also measures each led partition's write rate over the window for
 // the leader balancer (loadbalance.go).
 func (s *Server) splitDriver() {
+	// The partitions this node led at the end of the last window: only
+	// those it led through a whole window have a rate. One it got
+	// during the window counted its writes since then only, and that
+	// low rate made the node a load move had just reached hand the
+	// partition straight back (see pickLeader); it is unmeasured
+	// (ownLoad) until the next window.
+	ledBefore := map[uint64]bool{}
 	s.every(s.cfg.SplitWindow, nil, func() {
 		var led []ledWindow
 		rates := map[uint64]float64{}
+		ledNow := map[uint64]bool{}
 		for _, p := range s.servingPartitions() {
 			// Every replica's window restarts, so a follower that leads
 			// again later does not count writes of an earlier leadership.
 			writes, hot := p.TakeLoad()
 			if p.IsLeader() {
-				led = append(led, ledWindow{p, writes, hot})
-				rates[p.ID()] = float64(writes) / s.cfg.SplitWindow.Seconds()
+				ledNow[p.ID()] = true
+				if ledBefore[p.ID()] {
+					led = append(led, ledWindow{p, writes, hot})
+					rates[p.ID()] = float64(writes) / s.cfg.SplitWindow.Seconds()
+				}
 			}
 		}
+		ledBefore = ledNow
 		s.setLeaderRates(rates)
 		split := false
 		for _, w := range led {
@@ -307,7 +319,7 @@ func (s *Server) splitDriver() {
 			s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", key), "writes", writes, "keys", p.Keys())
 		}
 		if split {
-			s.load.confirmBalanceSplit(0)
+			s.load.confirmBalanceSplit(0, 0, 0, 0, 0)
 			return
 		}
 		s.splitForBalanceOnce(led)
@@ -317,7 +329,8 @@ func (s *Server) splitDriver() {
 // splitForBalanceOnce is one window's split for balance (loadbalance.go),
 // given the partitions this node led through it and their sampled keys.
 func (s *Server) splitForBalanceOnce(led []ledWindow) {
-	if s.cfg.SplitWriteRate <= 0 {
+	if s.cfg.SplitWriteRate <= 0 || s.membership == nil {
+		// Off, or a single node: no other node to move a half to.
 		return
 	}
 	s.load.Lock()
@@ -327,7 +340,7 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 	view := s.nodeLoads(s.Leading())
 	if recentMove || view.unsettled[s.id.MemberID] {
 		// The loads do not show the last move yet.
-		s.load.confirmBalanceSplit(0)
+		s.load.confirmBalanceSplit(0, 0, 0, 0, 0)
 		return
 	}
 	members := s.memberIDs()
@@ -346,8 +359,9 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 		parts = append(parts, ledPartition{id: w.p.ID(), rate: float64(w.writes) / s.cfg.SplitWindow.Seconds(), candidates: cands})
 		hot[w.p.ID()] = w.hot
 	}
-	id := splitForBalance(s.id.MemberID, parts, view, s.cfg.SplitWriteRate/4)
-	if !s.load.confirmBalanceSplit(id) {
+	self := s.id.MemberID
+	id, to := splitForBalance(self, parts, view, s.cfg.SplitWriteRate/4)
+	if !s.load.confirmBalanceSplit(id, to, view.windows[self], view.windows[to], view.loads[self]) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -365,7 +379,7 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 		"load", view.loads[s.id.MemberID], "loads", view.loads)
 }
 
-// ledWindow is a partition this node led through a split window: the
+// ledWindow is a partition this node led through a whole split window: the
 // writes its leader evaluated and the middle of the keys they wrote.
 type ledWindow struct {
 	p      *partition.Partition
