@@ -78,8 +78,7 @@ HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (repli
 # placement, so the leader balancer sees the load spread over them and
 # moves leaderships for it before the measurement (it keeps them through
 # the quiet settle after: loadMemoryHalfLife in server/loadbalance.go).
-# 40000: splits for balance and the moves of their halves take about 40 s.
-HOT_BALANCE=${HOT_BALANCE:-40000}
+HOT_BALANCE=${HOT_BALANCE:-20000}
 # Then, at most this many seconds more until every split partition's
 # replicas are at its placement (brain_partitions_off_placement is 0 on
 # every node), so the hot measurement is of the spread cluster, not of
