@@ -389,14 +389,14 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 // So a node whose leader load exceeds a voter's by more than a whole move
 // of its busiest partition can fix (least + rate >= own - slack) but by
 // more than half of it (least + rate/2 < own - slack) splits that
-// partition at the middle of its written keys, once that has been so for
-// confirmWindows of its windows in a row (splitForBalanceOnce); the load
-// rule then moves a half. Not within balanceSplitCooldown windows of its
-// last split or load move: the halves must be measured and a load move
-// confirmed (confirmWindows) before the loads show what the split did. Only partitions that take at least a quarter of
-// --split-write-rate split so: a split is cheap, but each partition costs
-// every replica a raft group, and a cluster with little load has nothing
-// to even out.
+// partition at the middle of its written keys (splitForBalanceOnce), once
+// confirmed as a load move is (confirmBalanceSplit); the load rule then
+// moves a half. Not within balanceSplitCooldown windows of its last split
+// or load move: the halves must be measured and a load move confirmed
+// (confirmWindows) before the loads show what the split did. Only
+// partitions that take at least a quarter of --split-write-rate split so:
+// a split is cheap, but each partition costs every replica a raft group,
+// and a cluster with little load has nothing to even out.
 
 // ledPartition is a partition this node leads, for splitForBalance: its
 // last window's rate and the voters its leadership can move to.
@@ -409,10 +409,10 @@ type ledPartition struct {
 // splitForBalance returns the partition among led (this node's, self's)
 // whose split lets a load move even out the loads v holds where no load
 // move of a whole partition can, and the voter a half would move to, or
-// 0: the busiest one that takes at
-// least floor writes/s, has a settled candidate, and that no load move
-// can take away (pickLeader would move it) but half of which one can, by
-// more than the slack (a finer split would trade crumbs).
+// 0: the busiest one that takes at least floor writes/s, has a settled
+// candidate, and that no load move can take away (pickLeader would move
+// it) but half of which one can, by more than the slack (a finer split
+// would trade crumbs).
 func splitForBalance(self uint64, led []ledPartition, v loadView, floor float64) (id, to uint64) {
 	own := v.loads[self]
 	slack := max(minLoadSlack, loadSlack*own)
