@@ -191,7 +191,7 @@ func (s *Server) handleTransferLeader(w http.ResponseWriter, r *http.Request) {
 		if g == nil {
 			break
 		}
-		if err = s.transferLeadership(g, to); err == nil {
+		if err = s.transferLeadership(g, to, "operator"); err == nil {
 			break
 		}
 	}

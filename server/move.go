@@ -82,7 +82,7 @@ func (s *Server) MoveReplica(ctx context.Context, id, from, to uint64) error {
 		}
 	}
 	if from == s.id.MemberID {
-		s.transferLeadership(g, to)
+		s.transferLeadership(g, to, "replica move")
 		return ErrMoveLeaderHandedOff
 	}
 	return change(raftpb.ConfChangeRemoveNode, from, "remove the old replica")

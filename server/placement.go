@@ -170,7 +170,7 @@ func (s *Server) balanceLeadersOnce() {
 			// No partition writes: only the preferred node counts.
 			if pref != s.id.MemberID && slices.Contains(candidates, pref) {
 				s.balanceTransfers.WithLabelValues("preferred").Inc()
-				s.transferLeadership(g, pref)
+				s.transferLeadership(g, pref, "preferred")
 			}
 			continue
 		}
@@ -178,7 +178,9 @@ func (s *Server) balanceLeadersOnce() {
 		if to == 0 {
 			continue
 		}
+		why := "preferred"
 		if forLoad {
+			why = "load"
 			s.log.Info("moving a partition's leadership for load", "group", id, "to", formatID(to),
 				"writes_per_second", rates[id], "load", view.loads[s.id.MemberID], "target_load", view.loads[to])
 			byLoad = false
@@ -187,9 +189,12 @@ func (s *Server) balanceLeadersOnce() {
 			s.load.Unlock()
 			s.balanceTransfers.WithLabelValues("load").Inc()
 		} else {
+			s.log.Info("handing a partition's leadership to its preferred node", "group", id, "to", formatID(to),
+				"writes_per_second", rates[id], "load", view.loads[s.id.MemberID], "target_load", view.loads[to],
+				"recent", view.recentOf(s.id.MemberID), "target_recent", view.recentOf(to))
 			s.balanceTransfers.WithLabelValues("preferred").Inc()
 		}
-		s.transferLeadership(g, to)
+		s.transferLeadership(g, to, why)
 		if !g.Status().IsLeader {
 			view.moved(s.id.MemberID, to, rates[id], s.load.remembered(id, rates[id]))
 		}
@@ -218,12 +223,14 @@ func (s *Server) leaderCandidates(id uint64, st raftgroup.Status, members []uint
 	return candidates, true
 }
 
-// transferLeadership hands group g's leadership to node to. The TSO leader
+// transferLeadership hands group g's leadership to node to, for the reason
+// why (logged: operator, preferred, load, rebalance, replica move, removed
+// member). The TSO leader
 // first stops issuing and shrinks its window, so a planned move skips no
 // revisions; if the move does not happen, it issues again. The error says
 // why the leadership stayed here; nil means this replica no longer leads
 // (the leadership moved, or was lost meanwhile).
-func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) error {
+func (s *Server) transferLeadership(g *raftgroup.Group, to uint64, why string) error {
 	// One transfer of a group at a time on this node (the balancer, the
 	// replica repair and operators may ask at once): a second one's Resume
 	// would let the group take revisions while the first is still moving.
@@ -251,7 +258,7 @@ func (s *Server) transferLeadership(g *raftgroup.Group, to uint64) error {
 		}
 		return fmt.Errorf("%w: the target did not catch up with the log in %v", errTransferNotDone, s.cfg.ElectionTimeout)
 	}
-	s.log.Info("transferring leadership", "group", g.ID(), "to", formatID(to))
+	s.log.Info("transferring leadership", "group", g.ID(), "to", formatID(to), "why", why)
 	// The leader first stops taking revisions and lets the ones it took
 	// finish, so a planned transfer leaves no gap in the revisions and
 	// fails no client's request. The meta group, and a partition replica

@@ -190,7 +190,7 @@ func (s *Server) rebalance(g *raftgroup.Group, st raftgroup.Status, from, to uin
 			// Hand the leadership to a voter of the placement first; it
 			// removes this replica.
 			if n := firstOf(st.Voters, func(n uint64) bool { return n != from && slices.Contains(st.Active, n) }); n != 0 {
-				s.transferLeadership(g, n)
+				s.transferLeadership(g, n, "rebalance")
 			}
 			return
 		}

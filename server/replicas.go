@@ -278,7 +278,7 @@ func (s *Server) repairGroup(g *raftgroup.Group, st raftgroup.Status) {
 		// This node was removed: a member's replica must lead (and drop
 		// this one).
 		if to := firstOf(st.Voters, func(n uint64) bool { return slices.Contains(members, n) && alive(n) }); to != 0 {
-			s.transferLeadership(g, to)
+			s.transferLeadership(g, to, "removed member")
 		}
 		return
 	}

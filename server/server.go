@@ -880,6 +880,6 @@ func (s *Server) MoveLeader(id, to uint64) bool {
 	if g == nil || !g.Status().IsLeader {
 		return false
 	}
-	s.transferLeadership(g, to)
+	s.transferLeadership(g, to, "operator")
 	return true
 }
