@@ -626,10 +626,16 @@ func TestSplitForBalance(t *testing.T) {
 		}
 		return key
 	}
+	begin, err := cl.Get(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := begin.Header.Revision + 1
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	last := map[string]string{}
+	acked := map[int64]string{} // revision -> key=value
 	var errs []error
 	for w, rt := range loaded {
 		wg.Add(1)
@@ -647,13 +653,14 @@ func TestSplitForBalance(t *testing.T) {
 				// writes, then splits the rate in halves.
 				key, val := keyOf(rt, rand.IntN(100)), fmt.Sprintf("w%d-%d", w, n)
 				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err := cl.Put(wctx, key, val)
+				resp, err := cl.Put(wctx, key, val)
 				cancel()
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, fmt.Errorf("put %q: %w", key, err))
 				} else {
 					last[key] = val
+					acked[resp.Header.Revision] = key + "=" + val
 				}
 				mu.Unlock()
 			}
@@ -711,5 +718,37 @@ func TestSplitForBalance(t *testing.T) {
 		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != val {
 			t.Errorf("%q reads %v, want %q", key, resp.Kvs, val)
 		}
+	}
+	// A watch from before the writes, across the split and the moves,
+	// sees every acknowledged write once, at its revision, in revision
+	// order, and nothing else.
+	var upto int64
+	for rev := range acked {
+		upto = max(upto, rev)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	seen, prev := 0, int64(0)
+	for wr := range cl.Watch(clientv3.WithRequireLeader(wctx), "/registry/", clientv3.WithPrefix(), clientv3.WithRev(from)) {
+		if err := wr.Err(); err != nil {
+			t.Fatalf("watch from %d: %v", from, err)
+		}
+		for _, ev := range wr.Events {
+			rev := ev.Kv.ModRevision
+			if rev <= prev {
+				t.Fatalf("watch: revision %d after %d", rev, prev)
+			}
+			prev = rev
+			if got, want := string(ev.Kv.Key)+"="+string(ev.Kv.Value), acked[rev]; got != want {
+				t.Fatalf("watch: %s at revision %d, acknowledged there: %q", got, rev, want)
+			}
+			seen++
+		}
+		if prev >= upto {
+			break
+		}
+	}
+	if seen != len(acked) {
+		t.Fatalf("watch saw %d of the %d acknowledged writes (up to revision %d, last seen %d)", seen, len(acked), upto, prev)
 	}
 }
