@@ -187,13 +187,12 @@ func (s *Server) balanceLeadersOnce() {
 			s.load.Lock()
 			s.load.lastMove = time.Now()
 			s.load.Unlock()
-			s.balanceTransfers.WithLabelValues("load").Inc()
 		} else {
 			s.log.Info("handing a partition's leadership to its preferred node", "group", id, "to", formatID(to),
 				"writes_per_second", rates[id], "load", view.loads[s.id.MemberID], "target_load", view.loads[to],
 				"recent", view.recentOf(s.id.MemberID), "target_recent", view.recentOf(to))
-			s.balanceTransfers.WithLabelValues("preferred").Inc()
 		}
+		s.balanceTransfers.WithLabelValues(why).Inc()
 		s.transferLeadership(g, to, why)
 		if !g.Status().IsLeader {
 			view.moved(s.id.MemberID, to, rates[id], s.load.remembered(id, rates[id]))
