@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -873,6 +874,78 @@ func TestLearnerHeartbeatNeedless(t *testing.T) {
 	}
 }
 
+// TestQuietHeartbeats drives heartbeatNeedless with a host clock as a
+// leader's rounds would, for several groups whose heartbeats start at
+// different ticks, appends coming at random and the worker missing ticks
+// at random (a throttled node): no voter ever goes more than quietEvery+1
+// ticks without an append or a heartbeat, a read-index heartbeat always
+// goes, and once a round runs at every tick the groups' idle heartbeats go
+// at the same ticks, one in quietEvery.
+func TestQuietHeartbeats(t *testing.T) {
+	h := &Host{quietEvery: 3}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	groups := make([]*Group, 4)
+	for i := range groups {
+		groups[i] = &Group{host: h, conf: raftpb.ConfState{Voters: []uint64{1, 2, 3}}}
+	}
+	last := map[[2]int]uint64{}  // (group, follower) -> tick of the last message sent
+	sentAt := map[uint64][]int{} // tick -> groups that sent follower 2 a heartbeat
+	readAt := map[uint64]bool{}  // ticks one of them was a read-index one
+	const ticks, lateUntil = 3000, 1500
+	for now := uint64(1); now <= ticks; now++ {
+		for _, g := range groups {
+			g.ticked = now // the ticks are queued whether or not the worker runs
+		}
+		if now < lateUntil && rnd.IntN(3) == 0 {
+			continue // the worker did not run this tick
+		}
+		for gi, g := range groups {
+			if now < uint64(gi) {
+				continue // this group's leadership began later
+			}
+			for _, to := range []uint64{2, 3} {
+				key := [2]int{gi, int(to)}
+				if now < lateUntil && rnd.IntN(4) == 0 {
+					app := raftpb.Message{Type: raftpb.MsgApp, To: to}
+					if g.heartbeatNeedless(&app) {
+						t.Fatal("an append left out")
+					}
+					last[key] = now
+				}
+				hb := raftpb.Message{Type: raftpb.MsgHeartbeat, To: to}
+				if rnd.IntN(50) == 0 {
+					hb.Context = []byte("read")
+				}
+				if !g.heartbeatNeedless(&hb) {
+					last[key] = now
+					if to == 2 && now > lateUntil {
+						sentAt[now] = append(sentAt[now], gi)
+						if len(hb.Context) > 0 {
+							readAt[now] = true
+						}
+					}
+				} else if len(hb.Context) > 0 {
+					t.Fatalf("tick %d: a read-index heartbeat left out", now)
+				}
+				if l, ok := last[key]; ok && now-l > h.quietEvery {
+					t.Fatalf("tick %d: group %d's follower %d heard nothing since tick %d", now, gi, to, l)
+				}
+			}
+		}
+	}
+	// Idle and on time: every group's heartbeat goes at the quiet ticks,
+	// together, and at no other.
+	for now := uint64(lateUntil + 2*h.quietEvery); now <= ticks; now++ {
+		gs := sentAt[now]
+		if now%h.quietEvery != 0 && len(gs) > 0 && !readAt[now] {
+			t.Fatalf("tick %d: heartbeats of groups %v off the quiet ticks", now, gs)
+		}
+		if now%h.quietEvery == 0 && len(gs) != len(groups) {
+			t.Fatalf("tick %d: heartbeats of groups %v, want all %d", now, gs, len(groups))
+		}
+	}
+}
+
 // TestBusyGroupSkipsHeartbeats runs a group with appends flowing and then
 // idle: while busy, most heartbeats (and their answers) are left out and
 // the leader keeps its term; when idle, heartbeats go out again and still
@@ -915,10 +988,13 @@ func TestBusyGroupSkipsHeartbeats(t *testing.T) {
 		t.Fatal("no heartbeat counted as skipped")
 	}
 
-	// Idle: heartbeats are what keeps the followers' election timers.
-	time.Sleep(time.Duration(3*nodes[0].host.cfg.ElectionTicks) * tick)
-	if hb := heartbeats.Load(); hb < int64(nodes[0].host.cfg.ElectionTicks) {
-		t.Fatalf("only %d heartbeats to an idle group's follower in %d ticks", hb, 3*nodes[0].host.cfg.ElectionTicks)
+	// Idle: heartbeats are what keeps the followers' election timers, one
+	// in quietEvery ticks (or every tick without quiet heartbeats).
+	idle := 3 * nodes[0].host.cfg.ElectionTicks
+	time.Sleep(time.Duration(idle) * tick)
+	every := max(int(leader.host.quietEvery), 1)
+	if hb := heartbeats.Load(); hb < int64(idle/(every+1)-1) {
+		t.Fatalf("only %d heartbeats to an idle group's follower in %d ticks (one in %d due)", hb, idle, every)
 	}
 	for _, g := range groupsOf(nodes...) {
 		if st := g.Status(); st.Term != term {

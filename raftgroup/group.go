@@ -140,6 +140,14 @@ type Group struct {
 	// appended holds the followers sent an append since the last
 	// heartbeat to them (heartbeatNeedless); worker-owned.
 	appended map[uint64]bool
+	// ticked counts the ticks the group took, from the host's count
+	// (Host.ticks) when it was created: every group ticks at each of the
+	// host's ticks, so the groups' counts agree (heartbeatNeedless);
+	// worker-owned.
+	ticked uint64
+	// lastContact is, for each voter, the tick (ticked) an append or a
+	// heartbeat last went to it (heartbeatNeedless); worker-owned.
+	lastContact map[uint64]uint64
 	// learnerQuiet counts the heartbeats left out to each learner since
 	// the last one sent (heartbeatNeedless); worker-owned.
 	learnerQuiet map[uint64]int
@@ -634,6 +642,7 @@ func (g *Group) drainInbox() {
 
 	for i := 0; i < ticks; i++ {
 		g.rn.Tick()
+		g.ticked++
 	}
 	if campaign {
 		_ = g.rn.Campaign()
@@ -664,6 +673,7 @@ func (g *Group) drainInbox() {
 	// "no leader" by counting time past messages that had arrived.
 	for i := 0; i < ticksAfter; i++ {
 		g.rn.Tick()
+		g.ticked++
 	}
 	g.propose(props)
 }
@@ -682,20 +692,49 @@ func (g *Group) pruneHeartbeatState() {
 			delete(g.appended, id)
 		}
 	}
+	for id := range g.lastContact {
+		if !slices.Contains(g.conf.Voters, id) && !slices.Contains(g.conf.Learners, id) {
+			delete(g.lastContact, id)
+		}
+	}
 }
 
 // heartbeatNeedless notes the appends a leader sends and reports whether
-// m is a heartbeat its follower can do without: one with no read-index
-// context, to a follower sent an append since the last heartbeat. The
-// append told the follower what the heartbeat would have (the leader is
-// alive: the follower's election timer restarts; the commit index) and
-// its answer tells the leader the follower is active (CheckQuorum), so
-// under load a busy group's heartbeats and their answers - one message
-// batch per peer and tick, each a round on the receiver - are left out.
-// The next heartbeat with no append between goes out (a leader paused on
-// a follower whose appends were lost resumes on its answer one interval
-// later than it would otherwise). Raft tolerates any message loss; this
-// only drops messages that carry nothing new.
+// m is a heartbeat its follower can do without. A heartbeat with a
+// read-index context always goes (the read needs its answers). Of the
+// others, to a voter:
+//
+//   - with a host (a clock: Group.ticked) and an election timeout of more
+//     than three heartbeat intervals, a voter gets a heartbeat only at a
+//     quiet tick - one whose count is a multiple of quietEvery - if
+//     nothing was sent to it yet in that tick, or once quietEvery ticks
+//     passed since anything was last sent to it (a worker that missed
+//     the quiet tick, being late), or if the leader has not heard from
+//     it since its last quorum check (CheckQuorum): a leader whose worker
+//     then stalls for an election timeout (a throttled node) must have
+//     had the answer to a heartbeat sent after the check, or it steps
+//     down at the next (TestStalledLeaderKeepsLeadership). So no voter
+//     goes more than
+//     quietEvery+1 ticks, a third of the election timeout, without a
+//     message from its leader; and the heartbeats of all the groups a
+//     node leads, idle or busy, go out together, in one batch per peer
+//     every quietEvery ticks rather than one every tick. An idle
+//     partition is most of a large cluster's, and its heartbeats and
+//     their answers - a batch per peer and tick each way, each a round
+//     on the receiver - were most of the raft messages of a 6-node
+//     benchmark run (one prefix written, the other partitions idle);
+//   - otherwise (no clock: tests that drive a Group alone; a short
+//     election timeout), a heartbeat to a follower sent an append since
+//     the last heartbeat is left out, and the next one goes.
+//
+// Either way an append stands for a heartbeat: it told the follower what
+// the heartbeat would have (the leader is alive, so the follower's
+// election timer restarts; the commit index, which a leader also sends
+// in an append whenever it moves) and its answer tells the leader the
+// follower is active (CheckQuorum). A leader paused on a follower whose
+// appends were lost resumes on its next heartbeat's answer, a few ticks
+// later than with a heartbeat every tick. Raft tolerates any message
+// loss; this only drops messages that carry nothing new.
 //
 // A learner gets one heartbeat in learnerHeartbeatEvery. It never
 // campaigns and counts in no quorum, so it does not need the leader's
@@ -708,12 +747,16 @@ func (g *Group) pruneHeartbeatState() {
 // answer) every tick, whatever the load: the one raft cost that grows
 // with the cluster's size rather than with its writes.
 func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
+	now, every := g.quietClock()
 	switch m.Type {
 	case raftpb.MsgApp:
 		if g.appended == nil {
 			g.appended = make(map[uint64]bool)
 		}
 		g.appended[m.To] = true
+		if every > 0 {
+			g.contacted(m.To, now)
+		}
 	case raftpb.MsgHeartbeat:
 		if len(m.Context) == 0 && slices.Contains(g.conf.Learners, m.To) {
 			if g.learnerQuiet == nil {
@@ -726,6 +769,14 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 			g.learnerQuiet[m.To] = 0
 			return false
 		}
+		if every > 0 {
+			last, ok := g.lastContact[m.To]
+			if len(m.Context) > 0 || !ok || now-last > every || (now != last && (now%every == 0 || !g.recentlyActive(m.To))) {
+				g.contacted(m.To, now)
+				return false
+			}
+			return true
+		}
 		if !g.appended[m.To] {
 			return false
 		}
@@ -733,6 +784,41 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 		return len(m.Context) == 0
 	}
 	return false
+}
+
+// quietClock returns the group's tick count and how many ticks apart
+// heartbeatNeedless sends voters their quiet heartbeats (0: it does not,
+// and keeps to the append rule).
+func (g *Group) quietClock() (now, every uint64) {
+	if g.host == nil {
+		return 0, 0
+	}
+	return g.ticked, g.host.quietEvery
+}
+
+// recentlyActive reports whether the leader heard from node to since its
+// last quorum check (raft's RecentActive, which CheckQuorum clears at each
+// check); true without a RawNode (tests driving heartbeatNeedless alone).
+func (g *Group) recentlyActive(to uint64) bool {
+	if g.rn == nil {
+		return true
+	}
+	active := true
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == to {
+			active = pr.RecentActive
+		}
+	})
+	return active
+}
+
+// contacted notes that a message that restarts the follower's election
+// timer went to node to at tick now.
+func (g *Group) contacted(to, now uint64) {
+	if g.lastContact == nil {
+		g.lastContact = make(map[uint64]uint64)
+	}
+	g.lastContact[to] = now
 }
 
 // learnerHeartbeatEvery: a leader sends a learner one heartbeat in this

@@ -27,6 +27,14 @@ type Host struct {
 
 	nonce uint64
 	seq   atomic.Uint64
+	// ticks counts the ticker's ticks; a group created counts its own
+	// from there (Group.ticked), so the groups' quiet heartbeats
+	// (heartbeatNeedless) go at the same ticks.
+	ticks atomic.Uint64
+	// quietEvery is how many ticks apart a leader sends a voter its
+	// heartbeats (heartbeatNeedless): a third of the election timeout;
+	// 0 when that is not above the heartbeat interval.
+	quietEvery uint64
 
 	mu struct {
 		sync.RWMutex
@@ -67,6 +75,9 @@ func NewHost(cfg Config, db *pebble.DB, t Transport) (*Host, error) {
 		// created after it.
 		nonce: rand.Uint64() << 40,
 		stopc: make(chan struct{}),
+	}
+	if e := cfg.ElectionTicks / 3; e > cfg.HeartbeatTicks {
+		h.quietEvery = uint64(e)
 	}
 	h.mu.groups = make(map[uint64]*Group)
 	h.mu.removed = make(map[uint64]time.Time)
@@ -181,7 +192,7 @@ func (h *Host) createGroupLocked(id uint64, boot *raftpb.ConfState, sm StateMach
 	} else {
 		ms = raft.NewMemoryStorage() // uninitialized: empty log
 	}
-	g := &Group{id: id, host: h, sm: sm, ms: ms}
+	g := &Group{id: id, host: h, sm: sm, ms: ms, ticked: h.ticks.Load()}
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        h.cfg.NodeID,
 		ElectionTick:              h.cfg.ElectionTicks,
@@ -251,6 +262,7 @@ func (h *Host) runTicker() {
 			return
 		case <-t.C:
 		}
+		h.ticks.Add(1)
 		h.mu.RLock()
 		for _, g := range h.mu.groups {
 			g.inbox.Lock()
