@@ -705,24 +705,25 @@ func (g *Group) pruneHeartbeatState() {
 // others, to a voter:
 //
 //   - with a host (a clock: Group.ticked) and an election timeout of more
-//     than three heartbeat intervals, a voter gets a heartbeat only at a
-//     quiet tick - one whose count is a multiple of quietEvery - if
-//     nothing was sent to it yet in that tick, or once quietEvery ticks
-//     passed since anything was last sent to it (a worker that missed
-//     the quiet tick, being late), or if the leader has not heard from
-//     it since its last quorum check (CheckQuorum): a leader whose worker
-//     then stalls for an election timeout (a throttled node) must have
-//     had the answer to a heartbeat sent after the check, or it steps
-//     down at the next (TestStalledLeaderKeepsLeadership). So no voter
-//     goes more than
-//     quietEvery+1 ticks, a third of the election timeout, without a
-//     message from its leader; and the heartbeats of all the groups a
-//     node leads, idle or busy, go out together, in one batch per peer
-//     every quietEvery ticks rather than one every tick. An idle
-//     partition is most of a large cluster's, and its heartbeats and
-//     their answers - a batch per peer and tick each way, each a round
-//     on the receiver - were most of the raft messages of a 6-node
-//     benchmark run (one prefix written, the other partitions idle);
+//     than three heartbeat intervals, a voter gets a heartbeat at a quiet
+//     tick - one whose count is a multiple of quietEvery, a third of the
+//     election timeout - if nothing was sent to it yet in that tick; once
+//     quietEvery ticks passed since anything was last sent to it (a
+//     worker that missed the quiet tick, being late); and when the leader
+//     has not heard from it since its last quorum check (CheckQuorum): a
+//     leader whose worker then stalls for an election timeout (a
+//     throttled node) must have had the answer to a heartbeat sent after
+//     the check, or it steps down at the next
+//     (TestStalledLeaderKeepsLeadership). So no voter goes more than
+//     quietEvery+1 ticks without a message from its leader, and the
+//     quiet heartbeats of all the groups a node leads go out together,
+//     in one batch per peer every quietEvery ticks; what is left at other
+//     ticks is each group's heartbeat after its quorum check, one per
+//     election timeout, at the group's own phase. An idle partition is
+//     most of a large cluster's, and its heartbeats and their answers
+//     were a batch per peer and tick each way, each a round on the
+//     receiver (about 40% of the raft messages of a 6-node benchmark run
+//     with one prefix written and the other partitions idle);
 //   - otherwise (no clock: tests that drive a Group alone; a short
 //     election timeout), a heartbeat to a follower sent an append since
 //     the last heartbeat is left out, and the next one goes.
