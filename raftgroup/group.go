@@ -138,7 +138,8 @@ type Group struct {
 		unreachable []uint64          // peers raft should back off from; protected by inbox
 	}
 	// appended holds the followers sent an append since the last
-	// heartbeat to them (heartbeatNeedless); worker-owned.
+	// heartbeat to them (heartbeatNeedless without quiet heartbeats);
+	// worker-owned.
 	appended map[uint64]bool
 	// ticked counts the ticks the group took, from the host's count
 	// (Host.ticks) when it was created: every group ticks at each of the
@@ -751,13 +752,14 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 	now, every := g.quietClock()
 	switch m.Type {
 	case raftpb.MsgApp:
+		if every > 0 {
+			g.contacted(m.To, now)
+			break
+		}
 		if g.appended == nil {
 			g.appended = make(map[uint64]bool)
 		}
 		g.appended[m.To] = true
-		if every > 0 {
-			g.contacted(m.To, now)
-		}
 	case raftpb.MsgHeartbeat:
 		if len(m.Context) == 0 && slices.Contains(g.conf.Learners, m.To) {
 			if g.learnerQuiet == nil {
