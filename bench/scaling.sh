@@ -74,10 +74,12 @@ BRAIN_FLAGS=${BRAIN_FLAGS:-}
 HOT_FLAGS=${HOT_FLAGS:---split-write-rate 200 --split-window 3s --rebalance-interval 2s --leader-balance-interval 1s} # brain's extra flags for the hot run
 HOT_WARMUP=${HOT_WARMUP:-30000}   # puts under the hot prefix before measuring (splits happen)
 HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (replicas and leaders move)
-# Puts under the hot prefix once the split partitions are at their
-# placement, so the leader balancer sees the load spread over them and
-# moves leaderships for it before the measurement (it keeps them through
-# the quiet settle after: loadMemoryHalfLife in server/loadbalance.go).
+# Creates under the hot prefix once the split partitions are at their
+# placement, at the measurement's rate, so the splits that rate calls for
+# and the leader balancer's moves for the load spread over them happen
+# before the measurement, followed by another wait for placement (it
+# keeps the leader moves through the quiet settle after:
+# loadMemoryHalfLife in server/loadbalance.go).
 HOT_BALANCE=${HOT_BALANCE:-20000}
 # Then, at most this many seconds more until every split partition's
 # replicas are at its placement (brain_partitions_off_placement is 0 on
@@ -297,7 +299,8 @@ brain_work() {
 		/^brain_internal_calls_broken_total\{sent="true"\}/ { v[11] += $NF }
 		/^brain_raft_leadership_changes_total\{change="gained"\}/ { v[12] += $NF }
 		/^brain_raft_messages_received_total\{type="MsgTimeoutNow"\}/ { v[13] += $NF }
-		END { for (i = 1; i <= 13; i++) printf "%.0f%s", v[i], (i < 13 ? " " : "\n") }' "$1"
+		/^brain_partition_splits_total\{/ { v[14] += $NF }
+		END { for (i = 1; i <= 14; i++) printf "%.0f%s", v[i], (i < 14 ? " " : "\n") }' "$1"
 }
 
 # node_metrics ENDPOINTS: the /metrics of every node at ENDPOINTS (comma
@@ -367,8 +370,8 @@ work_per_create() {
 	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
-		for (i = 8; i <= 13; i++) d[i] = y[i] - x[i]
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13] }'
+		for (i = 8; i <= 14; i++) d[i] = y[i] - x[i]
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer); %d partition splits", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14] }'
 }
 
 # split points: the prefix of every resource, sorted.
@@ -494,8 +497,13 @@ measure() {
 		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
 		sleep "$HOT_SETTLE"
 		settle_placement "$kind, $n node(s), $workload" "$EPS"
-		say "$kind, $n node(s), $workload: $HOT_BALANCE puts for the leader balancer"
-		"$BIN/brainbench" put "${common[@]}" --total "$HOT_BALANCE" --keys "$WARMUP" --resources "$res" --quiet >/dev/null 2>&1 || true
+		# Creates, as measured: puts ran at about half the creates' rate,
+		# so partitions the puts left below --split-write-rate crossed it
+		# once the creates began, and the measurement paid for those
+		# splits and their replicas' moves (a snapshot each).
+		say "$kind, $n node(s), $workload: $HOT_BALANCE creates for the load splits and the leader balancer"
+		"$BIN/brainbench" create "${common[@]}" --total "$HOT_BALANCE" --resources "$res" --quiet >/dev/null 2>&1 || true
+		settle_placement "$kind, $n node(s), $workload" "$EPS"
 	fi
 	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
 	idle_report "$kind" "$n" "$kind, $n node(s), $workload"

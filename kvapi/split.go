@@ -19,24 +19,26 @@ import (
 
 // Split splits the partition holding key at key and returns the parent
 // and the new partition. It returns once this node routes by the new map.
+// The new partition gets the next partition ID.
 func (s *Store) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
+	return s.SplitPlaced(ctx, key, nil)
+}
+
+// ChildRank ranks the IDs a split of partition parent could give its new
+// partition: an ID decides the partition's placement and preferred leader,
+// so this is where a split chooses where its new half goes. rank is lower
+// for better IDs; best is the best rank any ID can have.
+type ChildRank func(parent uint64) (rank func(id uint64) int, best int)
+
+// SplitPlaced is Split with the new partition's ID chosen by choose (nil:
+// the next ID; see allocChild).
+func (s *Store) SplitPlaced(ctx context.Context, key []byte, choose ChildRank) (parent, child uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
 	defer cancel()
 	if rt := s.table().routeFor(key); bytes.Equal(rt.Start, key) {
 		return 0, 0, partition.ErrBadSplitKey // a boundary already
 	}
-	err = s.metaCall(ctx, OpMetaAllocPartition, func() error {
-		id, err := s.meta.AllocPartitionID(ctx)
-		child = id
-		return err
-	}, nil, func(b []byte) error {
-		v, _, err := readInts(b, 1)
-		if err == nil {
-			child = uint64(v[0])
-		}
-		return err
-	})
-	if err != nil {
+	if child, err = s.allocChild(ctx, s.table().routeFor(key).ID, choose); err != nil {
 		return 0, 0, err
 	}
 	err = s.routed(ctx, func(t *table) error {
@@ -109,3 +111,54 @@ func (s *Store) ReportSplits(ctx context.Context, p *partition.Partition) error 
 
 // IsSplitRefusal reports whether err is a split refused for its key.
 func IsSplitRefusal(err error) bool { return errors.Is(err, partition.ErrBadSplitKey) }
+
+// maxChildAllocs bounds the IDs one split allocates looking for one of
+// the best rank (ChildRank): IDs are handed out in sequence and placement
+// cycles through the members with them, so a cluster of up to this many
+// members finds one unless other splits allocate at the same time.
+const maxChildAllocs = 16
+
+// allocChild allocates the ID of the new partition of a split of parent.
+// With choose it allocates IDs until one has the best rank (at most
+// maxChildAllocs) and takes the best it got; the others are never used.
+// (A meta command taking the wanted placement would not waste IDs, but a
+// node of an earlier version would apply it differently.)
+func (s *Store) allocChild(ctx context.Context, parent uint64, choose ChildRank) (uint64, error) {
+	alloc := func() (uint64, error) {
+		var id uint64
+		err := s.metaCall(ctx, OpMetaAllocPartition, func() error {
+			var err error
+			id, err = s.meta.AllocPartitionID(ctx)
+			return err
+		}, nil, func(b []byte) error {
+			v, _, err := readInts(b, 1)
+			if err == nil {
+				id = uint64(v[0])
+			}
+			return err
+		})
+		return id, err
+	}
+	if choose == nil {
+		return alloc()
+	}
+	rank, best := choose(parent)
+	var chosen uint64
+	chosenRank := 0
+	for i := 0; i < maxChildAllocs; i++ {
+		id, err := alloc()
+		if err != nil {
+			if chosen != 0 {
+				break // use what we have
+			}
+			return 0, err
+		}
+		if r := rank(id); chosen == 0 || r < chosenRank {
+			chosen, chosenRank = id, r
+		}
+		if chosenRank <= best {
+			break
+		}
+	}
+	return chosen, nil
+}

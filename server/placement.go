@@ -347,3 +347,103 @@ type drainer interface {
 	PrepareTransfer(ctx context.Context) (term uint64, err error)
 	Resume()
 }
+
+// childPlacement is how a split chooses its new partition's ID, and with
+// it the partition's placement and preferred leader (placeVoters): IDs
+// handed out in sequence gave consecutive halves of a hot range runs of
+// the same copyset (rf at a time), and at 6 nodes the one-prefix
+// benchmark's split partitions fell 7 to 5 or 7 to 4 on the two copysets,
+// which no leadership move can even out. The new partition prefers, in
+// order:
+//
+//   - prefer, if not 0 (the node a split for balance hands the half to);
+//   - a live node;
+//   - the node fewest split partitions prefer, so they spread over the
+//     nodes by count;
+//   - the placement whose nodes hold the fewest replicas of split
+//     partitions (with copysets, the copyset with the fewest);
+//   - a placement with the parent's preferred node among its voters (with
+//     copysets, the parent's copyset: its replicas need not move).
+//
+// Split partitions are those a split created and those that split (and
+// parent): the busy or large ones, since splits happen by load and by
+// size. The initial partitions that never split are spread by the
+// placement rotation already, and counting them as the same weight as a
+// hot range's halves would put halves of one range on the same node.
+func (s *Server) childPlacement(prefer uint64) kvapi.ChildRank {
+	return func(parent uint64) (func(uint64) int, int) {
+		members := s.clusterMembers()
+		return childRanks(members, s.id.Replicas, s.id.placement(), s.splitPartitions(parent), parent, prefer, s.alive)
+	}
+}
+
+// splitPartitions returns the partitions recorded as a split's parent or
+// child, and parent, each once.
+func (s *Server) splitPartitions(parent uint64) []uint64 {
+	seen := map[uint64]bool{parent: true}
+	ids := []uint64{parent}
+	for _, sp := range s.meta.Splits() {
+		for _, id := range []uint64{sp.Parent, sp.Child} {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// childRanks ranks candidate IDs for a new partition of a split of
+// parent (see childPlacement), given the members (sorted by ID), the
+// replication factor and placement scheme, the partitions to spread it
+// among (split partitions: see childPlacement), the preferred node (0: none) and which nodes are up (nil: all). It returns
+// the ranking (lower is better) and the best rank.
+func childRanks(members []member, rf int, scheme string, partitions []uint64, parent, prefer uint64, alive func(uint64) bool) (func(uint64) int, int) {
+	n := len(members)
+	if n < 2 {
+		return func(uint64) int { return 0 }, 0
+	}
+	leads := make([]int, n)    // partitions preferring each position
+	replicas := make([]int, n) // partitions placed on each position
+	for _, id := range partitions {
+		if allMembersGroup(id) {
+			continue
+		}
+		ord := groupOrdinal(id)
+		leads[ord%n]++
+		for _, v := range placeVoters(ord, n, rf, scheme) {
+			replicas[v]++
+		}
+	}
+	parentLead := groupOrdinal(parent) % n
+	// Every criterion's weight exceeds the sum of all below it, so ranks
+	// compare the criteria in order.
+	const wParent = 1
+	wReplicas := 2 * wParent
+	wLead := wReplicas * (rf*len(partitions) + 1)
+	wAlive := wLead * (len(partitions) + 1)
+	wPrefer := 2 * wAlive
+	ranks := make([]int, n)
+	best := -1
+	for pos, m := range members {
+		voters := placeVoters(pos, n, rf, scheme)
+		r := wLead * leads[pos]
+		for _, v := range voters {
+			r += wReplicas * replicas[v]
+		}
+		if !slices.Contains(voters, parentLead) {
+			r += wParent
+		}
+		if alive != nil && !alive(m.ID) {
+			r += wAlive
+		}
+		if prefer != 0 && m.ID != prefer {
+			r += wPrefer
+		}
+		ranks[pos] = r
+		if best < 0 || r < best {
+			best = r
+		}
+	}
+	return func(id uint64) int { return ranks[groupOrdinal(id)%n] }, best
+}

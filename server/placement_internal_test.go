@@ -2,10 +2,12 @@ package server
 
 import (
 	"fmt"
+	"math/rand"
 	"slices"
 	"testing"
 
 	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/meta"
 )
 
 // TestPlacementSchemes checks both schemes over 1 to 12 members: every
@@ -87,5 +89,105 @@ func TestCopysetPlacementOfSixNodes(t *testing.T) {
 	s := &Server{id: old}
 	if got := s.placementVoters(kvapi.FirstPartition, members); !slices.Equal(got, []uint64{30, 40, 50}) {
 		t.Errorf("store without a scheme: voters %v, want the ring's [30 40 50]", got)
+	}
+}
+
+// splitWithRanks allocates a new partition's ID as kvapi's allocChild
+// does (IDs in sequence from *next until one has the best rank, at most
+// 16) and returns it.
+func splitWithRanks(next *uint64, rank func(uint64) int, best int) uint64 {
+	var chosen uint64
+	chosenRank := 0
+	for i := 0; i < 16; i++ {
+		id := *next
+		*next++
+		if r := rank(id); chosen == 0 || r < chosenRank {
+			chosen, chosenRank = id, r
+		}
+		if chosenRank <= best {
+			break
+		}
+	}
+	return chosen
+}
+
+// TestChildRanksSpreadSplits splits a hot range over and over (random
+// parents among its partitions) and requires the halves spread evenly after every split: the partitions of
+// the hot range preferring each node differ by at most one, and with
+// copysets the copysets' shares of them by at most one. With IDs in
+// sequence the copysets' shares drift apart (7 to 5 after 11 splits in
+// the benchmark).
+func TestChildRanksSpreadSplits(t *testing.T) {
+	const rf = 3
+	for _, n := range []int{3, 4, 5, 6, 7, 9} {
+		for _, scheme := range []string{PlacementCopysets, PlacementRing} {
+			t.Run(fmt.Sprintf("%s/%d", scheme, n), func(t *testing.T) {
+				members := make([]member, n)
+				for i := range members {
+					members[i] = member{ID: uint64(10 + i)}
+				}
+				rng := rand.New(rand.NewSource(int64(n)))
+				hot := []uint64{kvapi.FirstPartition + 7}
+				next := uint64(meta.FirstAllocatedPartition)
+				for split := 1; split <= 4*n; split++ {
+					parent := hot[rng.Intn(len(hot))]
+					rank, best := childRanks(members, rf, scheme, hot, parent, 0, nil)
+					child := splitWithRanks(&next, rank, best)
+					if rank(child) != best {
+						t.Fatalf("split %d: child %d has rank %d, best %d", split, child, rank(child), best)
+					}
+					hot = append(hot, child)
+					leads := make([]int, n)
+					sets := map[int]int{}
+					for _, id := range hot {
+						lead := groupOrdinal(id) % n
+						leads[lead]++
+						sets[placeVoters(groupOrdinal(id), n, rf, scheme)[0]/rf]++
+					}
+					if slices.Max(leads)-slices.Min(leads) > 1 {
+						t.Fatalf("split %d: hot partitions preferring each node %v", split, leads)
+					}
+					if scheme == PlacementCopysets && n >= 2*rf {
+						var shares []int
+						for c := 0; c < n/rf; c++ {
+							shares = append(shares, sets[c])
+						}
+						if slices.Max(shares)-slices.Min(shares) > 1 {
+							t.Fatalf("split %d: hot partitions per copyset %v (preferring each node %v)", split, shares, leads)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestChildRanksPreferAndLiveness checks the criteria above the counts: a
+// split for balance's node wins over every count, and a down node loses to
+// every live one.
+func TestChildRanksPreferAndLiveness(t *testing.T) {
+	members := []member{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5}, {ID: 6}}
+	parts := []uint64{100, 101, 102, 103, 104, 105, 65536, 65537}
+	for _, prefer := range []uint64{1, 4, 6} {
+		rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, prefer, nil)
+		for id := uint64(70000); id < 70006; id++ {
+			lead := members[groupOrdinal(id)%6].ID
+			if (rank(id) == best) != (lead == prefer) {
+				t.Fatalf("prefer %d: ID %d (preferring %d) has rank %d, best %d", prefer, id, lead, rank(id), best)
+			}
+		}
+	}
+	down := func(id uint64) bool { return id != 2 && id != 5 }
+	rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, 0, down)
+	worstLive := 0
+	for id := uint64(70000); id < 70006; id++ {
+		if lead := members[groupOrdinal(id)%6].ID; down(lead) {
+			worstLive = max(worstLive, rank(id))
+		}
+	}
+	for id := uint64(70000); id < 70006; id++ {
+		if lead := members[groupOrdinal(id)%6].ID; !down(lead) && rank(id) <= worstLive {
+			t.Fatalf("ID %d preferring down node %d ranks %d, a live one %d (best %d)", id, lead, rank(id), worstLive, best)
+		}
 	}
 }

@@ -305,7 +305,7 @@ func (s *Server) splitDriver() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			parent, child, err := s.store.Split(ctx, key)
+			parent, child, err := s.store.SplitPlaced(ctx, key, s.childPlacement(0))
 			cancel()
 			if err != nil {
 				s.log.Warn("automatic split failed", "partition", p.ID(), "reason", reason, "key", fmt.Sprintf("%q", key), "err", err)
@@ -365,7 +365,7 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	parent, child, err := s.store.Split(ctx, hot[id])
+	parent, child, err := s.store.SplitPlaced(ctx, hot[id], s.childPlacement(to))
 	cancel()
 	if err != nil {
 		s.log.Warn("split for balance failed", "partition", id, "key", fmt.Sprintf("%q", hot[id]), "err", err)
@@ -389,7 +389,7 @@ type ledWindow struct {
 
 // Split splits the partition holding key at key (see kvapi.Store.Split).
 func (s *Server) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
-	parent, child, err = s.store.Split(ctx, key)
+	parent, child, err = s.store.SplitPlaced(ctx, key, s.childPlacement(0))
 	if err == nil {
 		s.splits.WithLabelValues("manual").Inc()
 	}
