@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/kvapi"
+	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/raftgroup"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -377,20 +379,31 @@ func (s *Server) childPlacement(prefer uint64) kvapi.ChildRank {
 	}
 }
 
-// splitPartitions returns the partitions recorded as a split's parent or
-// child, and parent, each once.
+// splitPartitions returns parent and the partitions that a split
+// created or that split, each once, read from this node's routes: they
+// have every split this node made (Split returns once they do), where the
+// local meta replica may not have applied the records of the last ones
+// yet (missing them put two halves of a range on the same node). A
+// partition split if a split created it or its range ends before its
+// initial one did.
 func (s *Server) splitPartitions(parent uint64) []uint64 {
-	seen := map[uint64]bool{parent: true}
 	ids := []uint64{parent}
-	for _, sp := range s.meta.Splits() {
-		for _, id := range []uint64{sp.Parent, sp.Child} {
-			if !seen[id] {
-				seen[id] = true
-				ids = append(ids, id)
-			}
+	for _, rt := range s.store.Routes() {
+		if rt.ID != parent && (rt.ID >= meta.FirstAllocatedPartition || !bytes.Equal(rt.End, s.initialEnd(rt.ID))) {
+			ids = append(ids, rt.ID)
 		}
 	}
 	return ids
+}
+
+// initialEnd returns the end of initial partition id's range as the
+// cluster was created (nil: the end of the keyspace).
+func (s *Server) initialEnd(id uint64) []byte {
+	i := int(id-kvapi.FirstPartition) + 1
+	if i < 1 || i >= len(s.id.SplitPoints)+1 {
+		return nil
+	}
+	return []byte(s.id.SplitPoints[i-1])
 }
 
 // childRanks ranks candidate IDs for a new partition of a split of
