@@ -409,8 +409,9 @@ func (s *Server) initialEnd(id uint64) []byte {
 // childRanks ranks candidate IDs for a new partition of a split of
 // parent (see childPlacement), given the members (sorted by ID), the
 // replication factor and placement scheme, the partitions to spread it
-// among (split partitions: see childPlacement), the preferred node (0: none) and which nodes are up (nil: all). It returns
-// the ranking (lower is better) and the best rank.
+// among (split partitions: see childPlacement), the preferred node (0:
+// none) and which nodes are up (nil: all). It returns the ranking (lower
+// is better) and the best rank.
 func childRanks(members []member, rf int, scheme string, partitions []uint64, parent, prefer uint64, alive func(uint64) bool) (func(uint64) int, int) {
 	n := len(members)
 	if n < 2 {
