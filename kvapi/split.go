@@ -35,10 +35,11 @@ type ChildRank func(parent uint64) (rank func(id uint64) int, best int)
 func (s *Store) SplitPlaced(ctx context.Context, key []byte, choose ChildRank) (parent, child uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
 	defer cancel()
-	if rt := s.table().routeFor(key); bytes.Equal(rt.Start, key) {
+	rt := s.table().routeFor(key)
+	if bytes.Equal(rt.Start, key) {
 		return 0, 0, partition.ErrBadSplitKey // a boundary already
 	}
-	if child, err = s.allocChild(ctx, s.table().routeFor(key).ID, choose); err != nil {
+	if child, err = s.allocChild(ctx, rt.ID, choose); err != nil {
 		return 0, 0, err
 	}
 	err = s.routed(ctx, func(t *table) error {

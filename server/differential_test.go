@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -556,6 +557,11 @@ func normalize(r any) {
 func (d *differ) compareWatches() {
 	cur := d.current()
 	revs := append(d.watchRevs, 1, cur, cur+1, max(d.compacted, 1), d.compacted-1)
+	// Write up to the highest start revision among the watches (at least
+	// one revision): etcd, and brain with it, ignore RequestProgress while
+	// a watch on the stream waits for a future revision, so a watch whose
+	// range sees no write could not otherwise be shown to reach the end.
+	upTo := slices.Max(revs)
 	ranges := [][2]string{{"\x00", "\x00"}, {"b/", "b0"}, {"c", "t"}, {"a", ""}}
 	type pair struct {
 		desc        string
@@ -578,18 +584,10 @@ func (d *differ) compareWatches() {
 			opts = append(opts, clientv3.WithFilterPut())
 		}
 		ws = append(ws, pair{
-			desc:  fmt.Sprintf("watch from %d on [%q, %q) (compacted at %d, current %d)", rev, rg[0], rg[1], d.compacted, cur+1),
+			desc:  fmt.Sprintf("watch from %d on [%q, %q) (compacted at %d, current %d, written up to %d)", rev, rg[0], rg[1], d.compacted, cur, upTo),
 			brain: startWatch(d.brain.cli, rg[0], opts),
 			etcd:  startWatch(d.etcd.cli, rg[0], opts),
 		})
-	}
-	// Write up to the highest start revision among the watches (at least
-	// one revision): etcd, and brain with it, ignore RequestProgress while
-	// a watch on the stream waits for a future revision, so a watch whose
-	// range sees no write could not otherwise be shown to reach the end.
-	upTo := cur + 1
-	for _, rev := range revs {
-		upTo = max(upTo, rev)
 	}
 	for i := cur + 1; i <= upTo; i++ {
 		last := &pb.PutRequest{Key: []byte("b/1"), Value: []byte(fmt.Sprintf("last %d", i))}

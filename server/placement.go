@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/kvapi"
-	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/raftgroup"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -384,26 +383,20 @@ func (s *Server) childPlacement(prefer uint64) kvapi.ChildRank {
 // have every split this node made (Split returns once they do), where the
 // local meta replica may not have applied the records of the last ones
 // yet (missing them put two halves of a range on the same node). A
-// partition split if a split created it or its range ends before its
-// initial one did.
+// partition split if a split created it (it is not an initial one) or its
+// range ends before its initial one did.
 func (s *Server) splitPartitions(parent uint64) []uint64 {
+	initial := s.initialRoutes()
 	ids := []uint64{parent}
 	for _, rt := range s.store.Routes() {
-		if rt.ID != parent && (rt.ID >= meta.FirstAllocatedPartition || !bytes.Equal(rt.End, s.initialEnd(rt.ID))) {
+		if rt.ID == parent {
+			continue
+		}
+		if in := initial[rt.ID]; in == nil || !bytes.Equal(rt.End, in.End) {
 			ids = append(ids, rt.ID)
 		}
 	}
 	return ids
-}
-
-// initialEnd returns the end of initial partition id's range as the
-// cluster was created (nil: the end of the keyspace).
-func (s *Server) initialEnd(id uint64) []byte {
-	i := int(id-kvapi.FirstPartition) + 1
-	if i < 1 || i >= len(s.id.SplitPoints)+1 {
-		return nil
-	}
-	return []byte(s.id.SplitPoints[i-1])
 }
 
 // childRanks ranks candidate IDs for a new partition of a split of

@@ -29,8 +29,8 @@ import (
 // parent's replica would later apply writes to the child's keys below
 // what the child's snapshot brought.
 
-// partitionMap computes the partition map.
-func (s *Server) partitionMap() []kvapi.Route {
+// initialRoutes returns the partitions as the cluster was created, by ID.
+func (s *Server) initialRoutes() map[uint64]*kvapi.Route {
 	bounds := append([]string{""}, s.id.SplitPoints...)
 	routes := make(map[uint64]*kvapi.Route)
 	for i, start := range bounds {
@@ -40,6 +40,12 @@ func (s *Server) partitionMap() []kvapi.Route {
 		}
 		routes[rt.ID] = rt
 	}
+	return routes
+}
+
+// partitionMap computes the partition map.
+func (s *Server) partitionMap() []kvapi.Route {
+	routes := s.initialRoutes()
 	pending := s.meta.Splits()
 	s.partsMu.Lock()
 	for _, p := range s.parts {
