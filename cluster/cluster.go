@@ -46,6 +46,11 @@ type NodeLoad struct {
 	// started, so others can tell a load measured after some moment from
 	// an older one.
 	Windows uint64 `json:"windows,omitempty"`
+	// Moving counts the partitions this node leads whose replicas are
+	// not at their placement yet (a replica move is under way or due).
+	// Splits across placements wait until no node has any: the loads do
+	// not show a half that is still moving to its new nodes.
+	Moving int `json:"moving,omitempty"`
 }
 
 // Config configures Membership.

@@ -85,6 +85,9 @@ type leaderLoad struct {
 	recent map[uint64]float64
 	// windows counts the windows rates were measured over.
 	windows uint64
+	// moving is how many partitions this node led off their placement
+	// when the rebalancing loop last counted (cluster.NodeLoad.Moving).
+	moving int
 	// lastMove is when this node last moved a leadership for load;
 	// lastSplit when it last split a partition.
 	lastMove, lastSplit time.Time
@@ -117,6 +120,40 @@ type loadView struct {
 	recent    map[uint64]float64
 	unsettled map[uint64]bool
 	windows   map[uint64]uint64
+	// moving holds the nodes leading partitions whose replicas are not at
+	// their placement (cluster.NodeLoad.Moving).
+	moving map[uint64]bool
+}
+
+// calm reports whether no node leads a partition it has not measured or
+// whose replicas are moving: the loads show every split and move made.
+func (v loadView) calm() bool {
+	for n := range v.loads {
+		if v.unsettled[n] || v.moving[n] {
+			return false
+		}
+	}
+	return true
+}
+
+// busiest reports whether node n is the lowest ID among the nodes whose
+// load is within the slack of the highest: one node of those the rates'
+// noise makes the busiest by turns, and the same one in each window.
+func (v loadView) busiest(n uint64) bool {
+	most := 0.0
+	for _, l := range v.loads {
+		most = max(most, l)
+	}
+	floor := most - max(minLoadSlack, loadSlack*most)
+	if v.loads[n] < floor {
+		return false
+	}
+	for m, l := range v.loads {
+		if m < n && l >= floor {
+			return false
+		}
+	}
+	return true
 }
 
 // anyLoad reports whether any node has a leader load, current or
@@ -283,7 +320,7 @@ func (s *Server) leaderRate(id uint64) (float64, bool) {
 func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
-	l := cluster.NodeLoad{Windows: s.load.windows}
+	l := cluster.NodeLoad{Windows: s.load.windows, Moving: s.load.moving}
 	for _, id := range led {
 		if !s.isPartition(id) {
 			continue
@@ -314,12 +351,15 @@ func (s *Server) nodeLoads(led []uint64) loadView {
 		if l.Unmeasured > 0 {
 			v.unsettled[id] = true
 		}
+		if l.Moving > 0 {
+			v.moving[id] = true
+		}
 	}
 	return v
 }
 
 func newLoadView() loadView {
-	return loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}}
+	return loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}, moving: map[uint64]bool{}}
 }
 
 // pickLeader decides where the leadership of a partition that self leads,
@@ -398,12 +438,56 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 // a split is cheap, but each partition costs every replica a raft group,
 // and a cluster with little load has nothing to even out.
 
+// Splits across placements.
+//
+// Leadership moves only within a partition's voters, and with copysets
+// (or any placement that gives a partition fewer voters than there are
+// nodes) the voters of a hot range's partitions fall on a few sets of
+// nodes. A split's new partition takes a placement of its own (the count
+// of split partitions per node and placement decides it: childPlacement),
+// but halving ranges leaves partitions whose rates differ by 2x to 4x, so
+// equal counts are not equal loads: in a 6-node scaling benchmark run, one
+// copyset's partitions took 62% of the writes, its three nodes were
+// throttled 83-91% of the time and the other's 55-59%, and the busy
+// copyset bounded the throughput. Neither a load move nor a split for
+// balance within the voters can change that.
+//
+// So when no node leads a partition it has not measured or whose replicas
+// are moving (loadView.calm: the loads show every earlier split and
+// move), the busiest node of all splits its busiest partition whose half
+// would leave a node outside the partition's voters (its far nodes) less
+// loaded than this node is now, by more than the slack - least + rate/2 <
+// own - slack - and places the new half with that node as its preferred
+// leader (childPlacement). The rebalancing loop moves the half's replicas
+// there (a snapshot each) and the preferred-node rule its leadership. Only
+// the busiest node does, and only while calm, so two nodes do not send
+// halves to the same least loaded node before the loads show the first;
+// the half's move and leadership change keep the cluster from calm until
+// they are done and measured. It is confirmed and cooled down as a split
+// for balance is. At 3 nodes with three replicas every node is a voter of
+// every partition, and it never happens.
+
 // ledPartition is a partition this node leads, for splitForBalance: its
-// last window's rate and the voters its leadership can move to.
+// last window's rate, the voters its leadership can move to, and the live
+// nodes that are not its voters (where a split across placements may put
+// a half).
 type ledPartition struct {
 	id         uint64
 	rate       float64
 	candidates []uint64
+	far        []uint64
+}
+
+// leastLoaded returns the least loaded of nodes that is not unsettled in
+// v, and its load (+Inf and 0 if none).
+func (v loadView) leastLoaded(nodes []uint64) (float64, uint64) {
+	least, target := math.Inf(1), uint64(0)
+	for _, c := range nodes {
+		if !v.unsettled[c] && v.loads[c] < least {
+			least, target = v.loads[c], c
+		}
+	}
+	return least, target
 }
 
 // splitForBalance returns the partition among led (this node's, self's)
@@ -412,24 +496,45 @@ type ledPartition struct {
 // 0: the busiest one that takes at least floor writes/s, has a settled
 // candidate, and that no load move can take away (pickLeader would move
 // it) but half of which one can, by more than the slack (a finer split
-// would trade crumbs).
+// would trade crumbs). Failing that, it returns a split across
+// placements (splitAcross), whose target is a far node.
 func splitForBalance(self uint64, led []ledPartition, v loadView, floor float64) (id, to uint64) {
 	own := v.loads[self]
 	slack := max(minLoadSlack, loadSlack*own)
 	var best ledPartition
 	for _, p := range led {
-		least, target := math.Inf(1), uint64(0)
-		for _, c := range p.candidates {
-			if !v.unsettled[c] && v.loads[c] < least {
-				least, target = v.loads[c], c
-			}
-		}
+		least, target := v.leastLoaded(p.candidates)
 		switch {
 		case p.rate <= 0 || math.IsInf(least, 1):
 		case least+p.rate < own-slack:
 			// A load move evens it out: the balancer makes that one.
 			return 0, 0
 		case p.rate >= floor && p.rate > best.rate && least+p.rate/2 < own-slack && p.rate/2 > slack:
+			best, to = p, target
+		}
+	}
+	if best.id != 0 {
+		return best.id, to
+	}
+	return splitAcross(self, led, v, floor)
+}
+
+// splitAcross returns the partition among led (self's) to split across
+// placements, and the far node its new half is to be led by, or 0 (see
+// "Splits across placements"): while v is calm and self is the busiest
+// node, the busiest partition taking at least floor writes/s whose half
+// would leave its least loaded settled far node less loaded than self
+// by more than the slack, and is more than the slack itself.
+func splitAcross(self uint64, led []ledPartition, v loadView, floor float64) (id, to uint64) {
+	if !v.calm() || !v.busiest(self) {
+		return 0, 0
+	}
+	own := v.loads[self]
+	slack := max(minLoadSlack, loadSlack*own)
+	var best ledPartition
+	for _, p := range led {
+		least, target := v.leastLoaded(p.far)
+		if target != 0 && p.rate >= floor && p.rate > best.rate && least+p.rate/2 < own-slack && p.rate/2 > slack {
 			best, to = p, target
 		}
 	}

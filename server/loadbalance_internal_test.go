@@ -252,6 +252,52 @@ func TestSplitForBalancePick(t *testing.T) {
 	}
 }
 
+// TestSplitAcrossPick: with its voters (2, 3) as busy as it, node 1
+// splits a partition for a far node (4, 5, 6) only while the view is
+// calm and it is the busiest node (the lowest ID within the slack).
+func TestSplitAcrossPick(t *testing.T) {
+	led := func(rates ...float64) []ledPartition {
+		var out []ledPartition
+		for i, r := range rates {
+			out = append(out, ledPartition{id: uint64(10 + i), rate: r, candidates: []uint64{2, 3}, far: []uint64{4, 5, 6}})
+		}
+		return out
+	}
+	// The 6-node benchmark's loads: one copyset busier.
+	busy := map[uint64]float64{1: 330, 2: 320, 3: 300, 4: 170, 5: 240, 6: 120}
+	for _, c := range []struct {
+		name      string
+		led       []ledPartition
+		loads     map[uint64]float64
+		unsettled map[uint64]bool
+		moving    map[uint64]bool
+		want, to  uint64
+	}{
+		{name: "busy copyset: the busiest partition to the least loaded far node", led: led(130, 100, 50, 50), loads: busy, want: 10, to: 6},
+		{name: "a node with a split's half not measured yet: none", led: led(130, 100, 50, 50), loads: busy, unsettled: map[uint64]bool{5: true}},
+		{name: "a half still moving: none", led: led(130, 100, 50, 50), loads: busy, moving: map[uint64]bool{2: true}},
+		{name: "the least loaded far node unsettled: the next", led: led(130, 100, 50, 50), loads: busy, unsettled: map[uint64]bool{6: true}},
+		{name: "not the busiest: none", led: led(130, 100, 50, 50), loads: map[uint64]float64{1: 330, 2: 400, 3: 300, 4: 170, 5: 240, 6: 120}},
+		{name: "within the slack of the busiest, the lowest ID: splits", led: led(130, 100, 50, 50), loads: map[uint64]float64{1: 330, 2: 340, 3: 300, 4: 170, 5: 240, 6: 120}, want: 10, to: 6},
+		{name: "a half would leave the target as busy: a smaller one", led: led(300, 30), loads: map[uint64]float64{1: 330, 2: 320, 3: 300, 4: 200, 5: 240, 6: 190}},
+		{name: "even copysets: none", led: led(130, 100, 50, 50), loads: map[uint64]float64{1: 330, 2: 320, 3: 300, 4: 310, 5: 320, 6: 300}},
+		{name: "below the floor: none", led: led(40, 40, 40, 40, 40, 40, 40, 40), loads: busy},
+		{name: "a split within the voters first", led: led(130, 100), loads: map[uint64]float64{1: 330, 2: 320, 3: 230, 4: 170, 5: 240, 6: 120}, want: 10, to: 3},
+	} {
+		v := newLoadView()
+		v.loads = c.loads
+		if c.unsettled != nil {
+			v.unsettled = c.unsettled
+		}
+		if c.moving != nil {
+			v.moving = c.moving
+		}
+		if got, to := splitForBalance(1, c.led, v, 50); got != c.want || to != c.to {
+			t.Errorf("%s: split %d for a move to %d, want %d to %d", c.name, got, to, c.want, c.to)
+		}
+	}
+}
+
 // TestConfirmBalanceSplit: a split for balance is made once every window
 // chose one while this node and the target measured two more windows
 // each; a window that chose none starts over, as does a load that fell by

@@ -61,7 +61,11 @@ func (s *Server) rebalanceReplicas() {
 		case <-t.C:
 		}
 		members := s.clusterMembers()
-		s.offPlacement.Set(float64(s.countOffPlacement(members)))
+		moving := s.countOffPlacement(members)
+		s.offPlacement.Set(float64(moving))
+		s.load.Lock()
+		s.load.moving = moving
+		s.load.Unlock()
 		if !s.allMembersUp(members) {
 			clear(seen)
 			continue

@@ -119,7 +119,7 @@ func New(cfg Config) (*Server, error) {
 		routesKick: make(chan struct{}, 1)}
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.splits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "brain_partition_splits_total", Help: "Partition splits this node started, by reason (manual, size, load, balance).",
+		Name: "brain_partition_splits_total", Help: "Partition splits this node started, by reason (manual, size, load, balance, across: a split for balance whose new half goes to other nodes).",
 	}, []string{"reason"})
 	s.refused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "brain_peer_requests_refused_total", Help: "Calls to the peer port refused because they came from another cluster (or named none).",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/brainkv/brain/kvapi"
@@ -362,7 +363,13 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 		if !st.IsLeader || !ok {
 			continue
 		}
-		parts = append(parts, ledPartition{id: w.p.ID(), rate: float64(w.writes) / s.cfg.SplitWindow.Seconds(), candidates: cands})
+		var far []uint64
+		for _, m := range members {
+			if !slices.Contains(st.Voters, m) && s.alive(m) {
+				far = append(far, m)
+			}
+		}
+		parts = append(parts, ledPartition{id: w.p.ID(), rate: float64(w.writes) / s.cfg.SplitWindow.Seconds(), candidates: cands, far: far})
 		hot[w.p.ID()] = w.hot
 	}
 	self := s.id.MemberID
@@ -380,9 +387,13 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 	s.load.Lock()
 	s.load.lastSplit = time.Now()
 	s.load.Unlock()
-	s.splits.WithLabelValues("balance").Inc()
-	s.log.Info("automatic split", "partition", parent, "child", child, "reason", "balance", "key", fmt.Sprintf("%q", hot[id]),
-		"load", view.loads[s.id.MemberID], "loads", view.loads)
+	reason := "balance"
+	if i := slices.IndexFunc(parts, func(p ledPartition) bool { return p.id == id }); i >= 0 && slices.Contains(parts[i].far, to) {
+		reason = "across" // the half goes to another placement
+	}
+	s.splits.WithLabelValues(reason).Inc()
+	s.log.Info("automatic split", "partition", parent, "child", child, "reason", reason, "key", fmt.Sprintf("%q", hot[id]),
+		"to", to, "load", view.loads[s.id.MemberID], "loads", view.loads)
 }
 
 // ledWindow is a partition this node led through a whole split window: the
