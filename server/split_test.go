@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -622,53 +623,7 @@ func TestSplitForBalance(t *testing.T) {
 			loaded = append(loaded, byNode[i][:want]...)
 		}
 	}
-	keyOf := func(rt kvapi.Route, k int) string {
-		key := fmt.Sprintf("%s\x00k%03d", rt.Start, k)
-		if len(rt.End) > 0 && key >= string(rt.End) {
-			t.Fatalf("key %q is not in [%q, %q)", key, rt.Start, rt.End)
-		}
-		return key
-	}
-	begin, err := cl.Get(ctx, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	from := begin.Header.Revision + 1
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	last := map[string]string{}
-	acked := map[int64]string{} // revision -> key=value
-	var errs []error
-	for w, rt := range loaded {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(time.Second / rate)
-			defer tick.Stop()
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				// Random keys: the split key, the middle of a window's
-				// writes, then splits the rate in halves.
-				key, val := keyOf(rt, rand.IntN(100)), fmt.Sprintf("w%d-%d", w, n)
-				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				resp, err := cl.Put(wctx, key, val)
-				cancel()
-				mu.Lock()
-				if err != nil {
-					errs = append(errs, fmt.Errorf("put %q: %w", key, err))
-				} else {
-					last[key] = val
-					acked[resp.Header.Revision] = key + "=" + val
-				}
-				mu.Unlock()
-			}
-		}()
-	}
+	load := startRateLoad(ctx, t, cl, loaded, rate)
 	// The share of the leader load of the busiest node, once every node
 	// measured some.
 	busiest := func() (share, sum float64) {
@@ -701,19 +656,95 @@ func TestSplitForBalance(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			close(stop)
-			wg.Wait()
+			load.stop()
 			t.Fatalf("after 60s: %v splits for balance, the busiest node takes %.0f%% of %.0f writes/s", balanceSplits(), 100*share, sum)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
+	load.stop()
 	t.Logf("%v splits for balance; the busiest node takes %.0f%% of %.0f writes/s", balanceSplits(), 100*share, sum)
-	for _, err := range errs {
+	load.check(ctx)
+}
+
+// rateLoad writes random keys of some partitions, each at a fixed rate,
+// until stopped, recording every acknowledged write.
+type rateLoad struct {
+	t     *testing.T
+	cl    *clientv3.Client
+	from  int64 // the first revision the load can have written
+	done  chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	last  map[string]string
+	acked map[int64]string // revision -> key=value
+	errs  []error
+}
+
+// startRateLoad starts writing rate puts/s through cl to each of routes,
+// at random keys among 100 of its range (so a split at the middle of a
+// window's writes halves the rate).
+func startRateLoad(ctx context.Context, t *testing.T, cl *clientv3.Client, routes []kvapi.Route, rate int) *rateLoad {
+	t.Helper()
+	keyOf := func(rt kvapi.Route, k int) string {
+		key := fmt.Sprintf("%s\x00k%03d", rt.Start, k)
+		if len(rt.End) > 0 && key >= string(rt.End) {
+			t.Fatalf("key %q is not in [%q, %q)", key, rt.Start, rt.End)
+		}
+		return key
+	}
+	begin, err := cl.Get(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &rateLoad{t: t, cl: cl, from: begin.Header.Revision + 1, done: make(chan struct{}), last: map[string]string{}, acked: map[int64]string{}}
+	for w, rt := range routes {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			tick := time.NewTicker(time.Second / time.Duration(rate))
+			defer tick.Stop()
+			for n := 0; ; n++ {
+				select {
+				case <-l.done:
+					return
+				case <-tick.C:
+				}
+				key, val := keyOf(rt, rand.IntN(100)), fmt.Sprintf("w%d-%d", w, n)
+				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				resp, err := cl.Put(wctx, key, val)
+				cancel()
+				l.mu.Lock()
+				if err != nil {
+					l.errs = append(l.errs, fmt.Errorf("put %q: %w", key, err))
+				} else {
+					l.last[key] = val
+					l.acked[resp.Header.Revision] = key + "=" + val
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l
+}
+
+// stop stops the writers and waits for them.
+func (l *rateLoad) stop() {
+	close(l.done)
+	l.wg.Wait()
+}
+
+// check requires (after stop) that no write failed, that every key
+// written reads back its last acknowledged value, and that a watch from
+// before the writes, across the splits and moves since, sees every
+// acknowledged write once, at its revision, in revision order, and
+// nothing else.
+func (l *rateLoad) check(ctx context.Context) {
+	t, cl := l.t, l.cl
+	t.Helper()
+	for _, err := range l.errs {
 		t.Error(err)
 	}
-	for key, val := range last {
+	for key, val := range l.last {
 		resp, err := cl.Get(ctx, key)
 		if err != nil {
 			t.Fatal(err)
@@ -722,19 +753,16 @@ func TestSplitForBalance(t *testing.T) {
 			t.Errorf("%q reads %v, want %q", key, resp.Kvs, val)
 		}
 	}
-	// A watch from before the writes, across the split and the moves,
-	// sees every acknowledged write once, at its revision, in revision
-	// order, and nothing else.
 	var upto int64
-	for rev := range acked {
+	for rev := range l.acked {
 		upto = max(upto, rev)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	seen, prev := 0, int64(0)
-	for wr := range cl.Watch(clientv3.WithRequireLeader(wctx), "/registry/", clientv3.WithPrefix(), clientv3.WithRev(from)) {
+	for wr := range cl.Watch(clientv3.WithRequireLeader(wctx), "/registry/", clientv3.WithPrefix(), clientv3.WithRev(l.from)) {
 		if err := wr.Err(); err != nil {
-			t.Fatalf("watch from %d: %v", from, err)
+			t.Fatalf("watch from %d: %v", l.from, err)
 		}
 		for _, ev := range wr.Events {
 			rev := ev.Kv.ModRevision
@@ -742,7 +770,7 @@ func TestSplitForBalance(t *testing.T) {
 				t.Fatalf("watch: revision %d after %d", rev, prev)
 			}
 			prev = rev
-			if got, want := string(ev.Kv.Key)+"="+string(ev.Kv.Value), acked[rev]; got != want {
+			if got, want := string(ev.Kv.Key)+"="+string(ev.Kv.Value), l.acked[rev]; got != want {
 				t.Fatalf("watch: %s at revision %d, acknowledged there: %q", got, rev, want)
 			}
 			seen++
@@ -751,7 +779,116 @@ func TestSplitForBalance(t *testing.T) {
 			break
 		}
 	}
-	if seen != len(acked) {
-		t.Fatalf("watch saw %d of the %d acknowledged writes (up to revision %d, last seen %d)", seen, len(acked), upto, prev)
+	if seen != len(l.acked) {
+		t.Fatalf("watch saw %d of the %d acknowledged writes (up to revision %d, last seen %d)", seen, len(l.acked), upto, prev)
 	}
+}
+
+// TestSplitAcrossPlacements: on 6 nodes (two copysets), three partitions
+// of one copyset, one led by each of its nodes, take writes and the
+// other copyset's partitions none. No leadership move or split within
+// the voters can spread that load, since every voter is as busy. The
+// busiest node splits across placements: the new half is placed on the
+// other copyset, its replicas move there and its leadership to the
+// target, until a node of the other copyset leads some of the load. No
+// write fails, every key reads back its last acknowledged value, and a
+// watch from before the writes sees each of them once, in order.
+func TestSplitAcrossPlacements(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 6-node cluster and writes for up to 150 s")
+	}
+	const rate = 25 // writes/s to each loaded partition: under --split-write-rate 40
+	var points []string
+	for c := 'a'; c <= 'l'; c++ {
+		points = append(points, "/registry/"+string(c)+"/")
+	}
+	c := testutil.StartCluster(t, 6, server.Config{SplitKeys: -1, SplitWriteRate: 40, SplitWindow: 2 * time.Second,
+		LeaderBalanceInterval: time.Second, RebalanceInterval: time.Second, InitialSplitPoints: points})
+	ctx := context.Background()
+	cl := testutil.Client(t, c.Endpoint(0))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := cl.Put(ctx, "/registry/a/x", "1"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// One partition led by each node of one copyset (the voters of the
+	// partitions they lead are the same three nodes), once the leader
+	// balancer spread the leaderships.
+	var loaded []kvapi.Route
+	var copyset []uint64
+	for deadline := time.Now().Add(30 * time.Second); len(loaded) < 3; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no copyset has a partition led by each of its nodes")
+		}
+		byVoters := map[string]map[uint64]kvapi.Route{} // voters -> leader -> a partition
+		sets := map[string][]uint64{}
+		for _, rt := range c.Nodes[0].Store().Routes() {
+			if len(rt.Start) == 0 {
+				continue // no key of ours sorts into the first range
+			}
+			for _, n := range c.Nodes {
+				st, ok := n.GroupStatus(rt.ID)
+				if !ok || !st.IsLeader || len(st.Voters) != 3 {
+					continue
+				}
+				voters := append([]uint64(nil), st.Voters...)
+				sort.Slice(voters, func(i, j int) bool { return voters[i] < voters[j] })
+				k := fmt.Sprint(voters)
+				if byVoters[k] == nil {
+					byVoters[k], sets[k] = map[uint64]kvapi.Route{}, voters
+				}
+				byVoters[k][n.MemberID()] = rt
+			}
+		}
+		for k, leaders := range byVoters {
+			if len(leaders) == 3 {
+				loaded, copyset = nil, sets[k]
+				for _, rt := range leaders {
+					loaded = append(loaded, rt)
+				}
+				break
+			}
+		}
+	}
+	t.Logf("loading partitions %v of copyset %v", []uint64{loaded[0].ID, loaded[1].ID, loaded[2].ID}, copyset)
+	load := startRateLoad(ctx, t, cl, loaded, rate)
+	// A node outside the copyset leads a partition of the load (its rate
+	// at least a quarter of one loaded partition's) in two checks a
+	// window apart, after a split across placements.
+	across := func() (sum float64) {
+		for _, n := range c.Nodes {
+			sum += counterValue(t, n, "brain_partition_splits_total", "across")
+		}
+		return sum
+	}
+	outside := func() (most float64) {
+		for _, n := range c.Nodes {
+			if !slices.Contains(copyset, n.MemberID()) {
+				most = max(most, gaugeValue(t, n, "brain_leader_write_rate"))
+			}
+		}
+		return most
+	}
+	seen := 0
+	for deadline := time.Now().Add(150 * time.Second); seen < 2; time.Sleep(2 * time.Second) {
+		a, o := across(), outside()
+		if a > 0 && o >= rate/4 {
+			seen++
+		} else {
+			seen = 0
+		}
+		if testing.Verbose() {
+			t.Logf("%v splits across placements; the busiest node outside the copyset leads %.0f writes/s", a, o)
+		}
+		if time.Now().After(deadline) {
+			load.stop()
+			t.Fatalf("after 150s: %v splits across placements, the busiest node outside the copyset %v leads %.0f writes/s", a, copyset, o)
+		}
+	}
+	load.stop()
+	t.Logf("%v splits across placements; a node outside the loaded copyset leads %.0f writes/s", across(), outside())
+	load.check(ctx)
 }
