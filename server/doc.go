@@ -15,7 +15,8 @@
 //	replicas.go    this node's replicas over time: added, removed, repaired
 //	move.go        manual replica moves (brainnode move-replica)
 //	splits.go      the partition map, split partitions' replicas, automatic splits
-//	loadbalance.go moving leaderships by write load
+//	loadbalance.go moving leaderships by write load; splits for balance, within
+//	               the voters and across placements
 //	admin.go       the operator API (status, transfer-leader, move-replica, split)
 //	maintenance.go etcd's Maintenance service (status, hash, snapshot)
 //	restore.go     restoring a backup into a new data directory
