@@ -81,6 +81,17 @@ HOT_SETTLE=${HOT_SETTLE:-20}      # seconds to wait after the hot warm-up (repli
 # keeps the leader moves through the quiet settle after:
 # loadMemoryHalfLife in server/loadbalance.go).
 HOT_BALANCE=${HOT_BALANCE:-20000}
+# >0: measure the hot load in its steady state instead: once the warm-up's
+# splits are placed, one create run lasts HOT_RAMP + HOT_MEASURE seconds
+# without a pause, and only the creates that end in its last HOT_MEASURE
+# seconds are measured (brainbench --measure-last; the nodes' counters
+# are sampled over the same window). The ramp replaces the HOT_BALANCE
+# creates and the waits after them: the load splits, replica moves and
+# leader moves it calls for happen under the load, as under a real
+# apiserver's, not across a quiet pause that resets the leader
+# balancer's view. 0: the HOT_BALANCE phase, then TOTAL measured creates.
+HOT_MEASURE=${HOT_MEASURE:-0}
+HOT_RAMP=${HOT_RAMP:-45}
 # Then, at most this many seconds more until every split partition's
 # replicas are at its placement (brain_partitions_off_placement is 0 on
 # every node), so the hot measurement is of the spread cluster, not of
@@ -116,7 +127,7 @@ IDLE=${IDLE:-0}
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -128,7 +139,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
+for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -497,16 +508,33 @@ measure() {
 		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
 		sleep "$HOT_SETTLE"
 		settle_placement "$kind, $n node(s), $workload" "$EPS"
-		# Creates, as measured: puts ran at about half the creates' rate,
-		# so partitions the puts left below --split-write-rate crossed it
-		# once the creates began, and the measurement paid for those
-		# splits and their replicas' moves (a snapshot each).
-		say "$kind, $n node(s), $workload: $HOT_BALANCE creates for the load splits and the leader balancer"
-		"$BIN/brainbench" create "${common[@]}" --total "$HOT_BALANCE" --resources "$res" --quiet >/dev/null 2>&1 || true
-		settle_placement "$kind, $n node(s), $workload" "$EPS"
+		if ((HOT_MEASURE == 0)); then
+			# Creates, as measured: puts ran at about half the creates'
+			# rate, so partitions the puts left below --split-write-rate
+			# crossed it once the creates began, and the measurement paid
+			# for those splits and their replicas' moves (a snapshot each).
+			say "$kind, $n node(s), $workload: $HOT_BALANCE creates for the load splits and the leader balancer"
+			"$BIN/brainbench" create "${common[@]}" --total "$HOT_BALANCE" --resources "$res" --quiet >/dev/null 2>&1 || true
+			settle_placement "$kind, $n node(s), $workload" "$EPS"
+		fi
 	fi
 	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
 	idle_report "$kind" "$n" "$kind, $n node(s), $workload"
+	# steady: this run's creates are measured over the last HOT_MEASURE
+	# seconds of a longer run (see HOT_MEASURE); the node counters are
+	# sampled when that window begins and ends.
+	local steady=0 run=(--total "$TOTAL") win="" bpid
+	if [[ $workload == hot && $kind == brain ]] && ((HOT_MEASURE > 0)); then
+		steady=1 win=$OUT/window.$$
+		rm -f "$win"
+		run=(--total 0 --duration "$((HOT_RAMP + HOT_MEASURE))s" --measure-last "${HOT_MEASURE}s" --window-file "$win")
+		say "$kind, $n node(s), $workload: creates for $((HOT_RAMP + HOT_MEASURE))s, the last ${HOT_MEASURE}s measured"
+	fi
+	"$BIN/brainbench" create "${common[@]}" "${run[@]}" --resources "$res" --json-out "$json" &
+	bpid=$!
+	if ((steady)); then
+		while [[ ! -e $win ]] && kill -0 "$bpid" 2>/dev/null; do sleep 0.1; done
+	fi
 	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
 	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
 	b0=$(host_busy)
@@ -516,26 +544,38 @@ measure() {
 	t0=$(date +%s.%N)
 	local profs=()
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
-	"$BIN/brainbench" create "${common[@]}" --total "$TOTAL" --resources "$res" --json-out "$json" || true
+	if ((steady)); then
+		# The window's end, less the time the samples above took.
+		sleep "$(awk -v t0="$t0" -v now="$(date +%s.%N)" -v m="$HOT_MEASURE" 'BEGIN { d = m - (now - t0); print (d > 0 ? d : 0) }')"
+	else
+		wait "$bpid" || true
+	fi
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	[[ -n $w0 ]] && w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
-	if ! run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json"; then
+	b1=$(host_busy)
+	c1=$(node_cpu "$kind" "$n")
+	io1=$(node_io "$kind" "$n")
+	bench_cpu bc1
+	t1=$(date +%s.%N)
+	((steady == 0)) || wait "$bpid" || true
+	rm -f "$win"
+	if ((steady)); then
+		run_steady "$kind, $n node(s), $workload" "$json" || return 0
+	elif ! run_complete "$kind, $n node(s), $workload" "$TOTAL" "$json"; then
 		# What went on inside (leaders deposed, connections broken) is
 		# what a stopped run needs explained; per create of TOTAL.
 		[[ -n $w0 ]] && say "$kind, $n node(s), $workload: stopped early; per create of $TOTAL: $(work_per_create "$w0" "$w1" "$TOTAL")"
 		return 0
 	fi
 	watch_report "$kind, $n node(s), $workload" "$json"
-	b1=$(host_busy)
-	c1=$(node_cpu "$kind" "$n")
-	io1=$(node_io "$kind" "$n")
-	bench_cpu bc1
-	t1=$(date +%s.%N)
+	# Per create of the measured ones (a steady run's window).
+	local ops=$TOTAL
+	((steady == 0)) || ops=$(json_field ops "$json")
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
-	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$TOTAL")"
-	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$TOTAL")"
+	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$ops")"
+	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$ops")"
 	if [[ -n $w0 ]]; then
-		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$TOTAL")"
+		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$ops")"
 	fi
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
 	local busy
@@ -549,6 +589,35 @@ measure() {
 	local label=$kind
 	[[ $workload == hot ]] && label="$kind (one prefix)"
 	record "$label" "$n" "$thru"
+}
+
+# json_field NAME JSON: the last number NAME holds in the brainbench
+# results in JSON (0 when absent).
+json_field() {
+	local v
+	v=$(sed -n 's/.*"'"$1"'":\([0-9.e+]*\).*/\1/p' "$2" 2>/dev/null | tail -1)
+	echo "${v:-0}"
+}
+
+# run_steady LABEL JSON: whether a steady hot run (HOT_MEASURE) measured
+# its whole window: a run that stopped early (too many errors) measured
+# less of it, and is FAILED; errors are reported as run_complete does.
+run_steady() {
+	local label=$1 json=$2 secs ops errs first
+	secs=$(json_field seconds "$json")
+	ops=$(json_field ops "$json")
+	errs=$(($(json_field errors "$json") + $(json_field unmeasured_errors "$json")))
+	if ((ops == 0)) || awk -v s="$secs" -v m="$HOT_MEASURE" 'BEGIN { exit !(s < m) }'; then
+		say "$label: FAILED (measured ${secs}s of ${HOT_MEASURE}s, $ops creates)"
+		FAILED=1
+		return 1
+	fi
+	say "$label: $ops creates in the last ${HOT_MEASURE}s, $(json_field unmeasured_ops "$json") before and after"
+	if ((errs > 0)); then
+		first=$(sed -n 's/.*"first_error":"\([^"]*\)".*/\1/p' "$json" | tail -1)
+		say "$label: WARNING: $errs creates failed${first:+ ($first)}"
+		ERRORS+=("$label: $errs failed creates")
+	fi
 }
 
 # run_complete LABEL TOTAL JSON...: whether the brainbench runs that wrote

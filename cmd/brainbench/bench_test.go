@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
@@ -121,6 +125,32 @@ func runAllBenchmarks(t *testing.T, endpoint string) {
 		}
 		if r.Ops == 0 || r.Errors != 0 || r.Seconds < 0.3 || r.Seconds > 5 {
 			t.Fatalf("put for 300ms: %d ops, %d errors in %.2fs", r.Ops, r.Errors, r.Seconds)
+		}
+	})
+	t.Run("create, last second measured", func(t *testing.T) {
+		c := cfg
+		c.KeyPrefix = "/registry/steady/"
+		c.Total, c.Duration, c.MeasureLast = 0, 2*time.Second, time.Second
+		c.WindowFile = filepath.Join(t.TempDir(), "window")
+		r, err := RunCreate(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ops == 0 || r.UnmeasuredOps == 0 || r.Errors+r.UnmeasuredErrors != 0 || r.Seconds != 1 {
+			t.Fatalf("create for 2s measuring the last 1s: %d ops measured, %d not, %d+%d errors, over %.3fs", r.Ops, r.UnmeasuredOps, r.Errors, r.UnmeasuredErrors, r.Seconds)
+		}
+		if _, err := os.Stat(c.WindowFile); err != nil {
+			t.Fatalf("window file: %v", err)
+		}
+		// Every create the store holds was counted once, in the window or
+		// outside it.
+		cli := testutil.Client(t, endpoint)
+		resp, err := cli.Get(ctx, c.KeyPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count != r.Ops+r.UnmeasuredOps {
+			t.Fatalf("the store holds %d created keys, the result counts %d measured + %d not", resp.Count, r.Ops, r.UnmeasuredOps)
 		}
 	})
 	t.Run("all", func(t *testing.T) {

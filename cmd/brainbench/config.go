@@ -16,8 +16,14 @@ type Config struct {
 	Conns     int           // gRPC connections the workers are spread over
 	Total     int64         // operations per benchmark; 0: bounded by Duration only
 	Duration  time.Duration // run time per benchmark; 0: bounded by Total only
-	ValueSize int           // bytes per value
-	KeyPrefix string        // every key the benchmark touches starts with this
+	// MeasureLast (--measure-last), with Duration and no Total: only the
+	// operations that end in the last MeasureLast of Duration are
+	// measured; the load before them is a ramp. WindowFile
+	// (--window-file) is created when that window begins.
+	MeasureLast time.Duration
+	WindowFile  string
+	ValueSize   int    // bytes per value
+	KeyPrefix   string // every key the benchmark touches starts with this
 	// Resources, if set, spread the keys of create, update and put over
 	// /registry/<resource>/bench/ for these resources, key i under
 	// resource i mod len, as a Kubernetes cluster writes many resources.
@@ -90,6 +96,12 @@ func (c *Config) validate() error {
 		return errors.New("--total and --duration must not be negative")
 	case c.Total == 0 && c.Duration == 0:
 		return errors.New("set --total or --duration: every run must be bounded")
+	case c.MeasureLast < 0:
+		return errors.New("--measure-last must not be negative")
+	case c.MeasureLast > 0 && (c.Total != 0 || c.MeasureLast >= c.Duration):
+		return errors.New("--measure-last needs --total 0 and a longer --duration: it measures the end of a timed run")
+	case c.WindowFile != "" && c.MeasureLast == 0:
+		return errors.New("--window-file needs --measure-last")
 	case c.ValueSize < watchValueHeader:
 		return fmt.Errorf("--value-size must be at least %d bytes", watchValueHeader)
 	case c.KeyPrefix == "":

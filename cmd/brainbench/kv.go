@@ -105,7 +105,7 @@ func runKV(ctx context.Context, name string, cfg Config, pre *populate, op opFun
 	if rw != nil {
 		// Every successful write is an event for each watch of its
 		// resource; a failed one may have been applied too.
-		want := s.ops * int64(cfg.ResourceWatchers)
+		want := (s.ops + s.unmeasured) * int64(cfg.ResourceWatchers)
 		got, err := rw.finish(want, resourceWatchDrain)
 		r.ResourceWatches = &ResourceWatchStats{Watches: cfg.ResourceWatchers * len(cfg.Resources), Events: got, Want: want}
 		if err != nil {
@@ -123,7 +123,7 @@ const resourceWatchDrain = 30 * time.Second
 // aborts the benchmark.
 func fill(ctx context.Context, cfg Config, p *pool, name string, pre *populate) error {
 	fc := cfg
-	fc.Total, fc.Duration = int64(pre.n), 0
+	fc.Total, fc.Duration, fc.MeasureLast, fc.WindowFile = int64(pre.n), 0, 0, ""
 	s := runLoad(ctx, name+"/populate", fc, p, func(ctx context.Context, w *worker, seq int64) error {
 		key := cfg.writeKey(pre.group, seq)
 		if pre.group == groupList { // a list reads one prefix

@@ -35,9 +35,12 @@ JSON object per benchmark with --json.`,
 		SilenceUsage: true,
 	}
 	root.AddCommand(
-		benchCmd("create", "kube create: txn put-if-absent of unique keys", defaultsKV, RunCreate, nil),
-		benchCmd("update", "kube GuaranteedUpdate: get, then compare-mod-revision-and-put, on a pre-populated key space", defaultsKV, RunUpdate, addUpdateFlags),
-		benchCmd("put", "plain puts of random keys of the key space", defaultsKV, RunPut, nil),
+		benchCmd("create", "kube create: txn put-if-absent of unique keys", defaultsKV, RunCreate, addWindowFlags),
+		benchCmd("update", "kube GuaranteedUpdate: get, then compare-mod-revision-and-put, on a pre-populated key space", defaultsKV, RunUpdate, func(cmd *cobra.Command, cfg *Config) {
+			addUpdateFlags(cmd, cfg)
+			addWindowFlags(cmd, cfg)
+		}),
+		benchCmd("put", "plain puts of random keys of the key space", defaultsKV, RunPut, addWindowFlags),
 		benchCmd("list", "kube paginated list of a pre-populated prefix (one op = one full list)", defaultsList, RunList, addListFlags),
 		benchCmd("watch", "watch fan-out: many prev_kv watches on a prefix under a steady write rate", defaultsWatch, RunWatch, addWatchFlags),
 		allCmd(),
@@ -94,6 +97,14 @@ func addCommonFlags(cmd *cobra.Command, cfg *Config, out *output, d defaults) {
 
 func addUpdateFlags(cmd *cobra.Command, cfg *Config) {
 	cmd.Flags().IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "conflict retries of one update before it counts as an error")
+}
+
+// addWindowFlags registers the flags of a steady-state measurement: a
+// load run for --duration whose last --measure-last only is measured.
+func addWindowFlags(cmd *cobra.Command, cfg *Config) {
+	f := cmd.Flags()
+	f.DurationVar(&cfg.MeasureLast, "measure-last", 0, "measure only the operations that end in the last this much of --duration (needs --total 0): the load before it is a ramp the store adapts to (splits, leader moves); 0: measure the whole run")
+	f.StringVar(&cfg.WindowFile, "window-file", "", "with --measure-last: create this file when the measured window begins, for a script to sample the store's own counters at the same moment")
 }
 
 func addListFlags(cmd *cobra.Command, cfg *Config) {

@@ -32,6 +32,12 @@ type Result struct {
 	Max  float64 `json:"max_ms"`
 	Mean float64 `json:"mean_ms"`
 
+	// UnmeasuredOps and UnmeasuredErrors (--measure-last) are the
+	// successful and failed operations that ended outside the measured
+	// window: in the ramp before it, or draining after it.
+	UnmeasuredOps    int64 `json:"unmeasured_ops,omitempty"`
+	UnmeasuredErrors int64 `json:"unmeasured_errors,omitempty"`
+
 	Conflicts   int64 `json:"conflicts,omitempty"`     // update: retried compares
 	KeysPerList int64 `json:"keys_per_list,omitempty"` // list: keys in the last full list
 	Pages       int64 `json:"pages_per_list,omitempty"`
@@ -84,8 +90,11 @@ func newResult(name string, cfg Config, s *loadStats) Result {
 		Ops:       s.ops,
 		Errors:    s.errors,
 		Conflicts: s.conflicts,
-		Seconds:   s.elapsed.Seconds(),
-		Unit:      "ops/s",
+
+		UnmeasuredOps:    s.unmeasured,
+		UnmeasuredErrors: s.unmeasuredErrors,
+		Seconds:          s.elapsed.Seconds(),
+		Unit:             "ops/s",
 	}
 	if s.firstErr != nil {
 		r.FirstError = s.firstErr.Error()

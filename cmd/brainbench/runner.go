@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,9 @@ type worker struct {
 	errors    int64
 	conflicts int64 // update: failed compares that were retried
 	firstErr  error
+	// Operations that ended outside the measured window (--measure-last):
+	// successful and failed ones.
+	unmeasured, unmeasuredErrors int64
 }
 
 func newWorker(cfg Config, p *pool, id int) *worker {
@@ -101,6 +105,18 @@ type loadStats struct {
 	elapsed   time.Duration
 	hist      Histogram
 	firstErr  error
+	// Under --measure-last: the operations that ended before the measured
+	// window or after it (the load's in-flight operations draining),
+	// successful and failed; the fields above count the window's only.
+	unmeasured, unmeasuredErrors int64
+}
+
+// window is the span of time whose operations a load measures: those that
+// end in [from, to). The zero window measures every operation.
+type window struct{ from, to time.Time }
+
+func (w window) contains(t time.Time) bool {
+	return w.from.IsZero() || (!t.Before(w.from) && t.Before(w.to))
 }
 
 // paceFunc returns when, relative to the start of the load, operation seq
@@ -111,7 +127,10 @@ type paceFunc func(seq int64) time.Duration
 // runLoad runs op on cfg.Clients workers until cfg.Total operations have
 // been issued or cfg.Duration has passed, whichever comes first. Failed
 // operations are counted, not retried; once more than cfg.MaxErrors have
-// failed, no more are issued.
+// failed, no more are issued. With cfg.MeasureLast, only the operations
+// that end in the last MeasureLast of the Duration are measured (the load
+// before it is a ramp the system under test adapts to), and
+// cfg.WindowFile is created when that window begins.
 func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, pace paceFunc) loadStats {
 	workers := make([]*worker, cfg.Clients)
 	for i := range workers {
@@ -122,6 +141,14 @@ func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, p
 	var deadline time.Time
 	if cfg.Duration > 0 {
 		deadline = start.Add(cfg.Duration)
+	}
+	var win window
+	if cfg.MeasureLast > 0 && !deadline.IsZero() {
+		win = window{from: deadline.Add(-cfg.MeasureLast), to: deadline}
+		if cfg.WindowFile != "" {
+			mark := time.AfterFunc(time.Until(win.from), func() { markWindow(cfg.WindowFile, cfg.Progress, name) })
+			defer mark.Stop()
+		}
 	}
 	stopProgress := startProgress(cfg.Progress, name, "ops/s", cfg.Total, &done)
 	var wg sync.WaitGroup
@@ -135,7 +162,7 @@ func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, p
 				if pace != nil && !sleepUntil(ctx, start.Add(pace(seq))) {
 					return
 				}
-				if !runOp(ctx, cfg.OpTimeout, w, seq, op) {
+				if !runOp(ctx, cfg.OpTimeout, w, seq, op, win) {
 					failed.Add(1)
 				}
 				done.Add(1)
@@ -144,8 +171,29 @@ func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, p
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if !win.from.IsZero() {
+		// The window's span, or as much of it as the load lasted (it
+		// stops early once MaxErrors operations failed).
+		elapsed = max(0, min(elapsed, win.to.Sub(start))-win.from.Sub(start))
+	}
 	stopProgress()
 	return collect(workers, elapsed)
+}
+
+// markWindow creates path, saying that the measured window begins now (a
+// script brackets its own measurements of the system with it); a failure
+// is reported on progress, or stderr.
+func markWindow(path string, progress io.Writer, name string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = f.Close()
+	}
+	if err != nil {
+		if progress == nil {
+			progress = os.Stderr
+		}
+		fmt.Fprintf(progress, "[%s] --window-file: %v\n", name, err)
+	}
 }
 
 // sleepUntil waits until t; it returns false if ctx ended first.
@@ -164,14 +212,23 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
-// runOp runs one operation under its own deadline and records the result;
-// it reports whether the operation succeeded.
-func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op opFunc) bool {
+// runOp runs one operation under its own deadline and records the result
+// if it ended in win; it reports whether the operation succeeded.
+func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op opFunc, win window) bool {
 	opCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t := time.Now()
 	err := op(opCtx, w, seq)
-	lat := time.Since(t)
+	end := time.Now()
+	lat := end.Sub(t)
+	if !win.contains(end) {
+		if err != nil {
+			w.unmeasuredErrors++
+			return false
+		}
+		w.unmeasured++
+		return true
+	}
 	if err != nil {
 		w.errors++
 		if w.firstErr == nil {
@@ -190,6 +247,8 @@ func collect(workers []*worker, elapsed time.Duration) loadStats {
 		s.hist.Merge(&w.hist)
 		s.errors += w.errors
 		s.conflicts += w.conflicts
+		s.unmeasured += w.unmeasured
+		s.unmeasuredErrors += w.unmeasuredErrors
 		if s.firstErr == nil {
 			s.firstErr = w.firstErr
 		}
