@@ -217,7 +217,7 @@ func (o *output) print(rs []Result) error {
 	var errs []error
 	for _, r := range rs {
 		if r.Failed() {
-			errs = append(errs, fmt.Errorf("benchmark %s failed: %d errors%s", r.Name, r.Errors, verdict(&r)))
+			errs = append(errs, fmt.Errorf("benchmark %s failed: %d errors%s", r.Name, r.Errors+r.UnmeasuredErrors, verdict(&r)))
 		}
 	}
 	return errors.Join(errs...)

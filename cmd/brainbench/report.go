@@ -27,7 +27,7 @@ func printTable(out io.Writer, results []Result) {
 // printDetails writes the per-benchmark notes below the table.
 func printDetails(out io.Writer, r *Result) {
 	if r.FirstError != "" {
-		fmt.Fprintf(out, "%s: %d errors, first: %s\n", r.Name, r.Errors, r.FirstError)
+		fmt.Fprintf(out, "%s: %d errors, first: %s\n", r.Name, r.Errors+r.UnmeasuredErrors, r.FirstError)
 	}
 	if r.UnmeasuredOps+r.UnmeasuredErrors > 0 {
 		fmt.Fprintf(out, "%s: measured the last %.2f s; %d operations (%d failed) ended outside it\n", r.Name, r.Seconds, r.UnmeasuredOps+r.UnmeasuredErrors, r.UnmeasuredErrors)

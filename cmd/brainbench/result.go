@@ -17,7 +17,7 @@ type Result struct {
 	// over watchers); Errors counts failed ones.
 	Ops    int64 `json:"ops"`
 	Errors int64 `json:"errors"`
-	// FirstError describes the first failure, if any.
+	// FirstError describes the first failure, if any (measured or not).
 	FirstError string `json:"first_error,omitempty"`
 	// Seconds is the measured wall time; Throughput is Ops per second.
 	Seconds    float64 `json:"seconds"`
@@ -76,7 +76,7 @@ type WatchStats struct {
 
 // Failed reports whether the benchmark had errors or failed verification.
 func (r *Result) Failed() bool {
-	return r.Errors > 0 || (r.Watch != nil && !r.Watch.Verified)
+	return r.Errors+r.UnmeasuredErrors > 0 || (r.Watch != nil && !r.Watch.Verified)
 }
 
 // newResult fills the common fields from cfg and a load's measurements.

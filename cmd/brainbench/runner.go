@@ -221,6 +221,9 @@ func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op 
 	err := op(opCtx, w, seq)
 	end := time.Now()
 	lat := end.Sub(t)
+	if err != nil && w.firstErr == nil {
+		w.firstErr = fmt.Errorf("op %d: %w", seq, err)
+	}
 	if !win.contains(end) {
 		if err != nil {
 			w.unmeasuredErrors++
@@ -231,9 +234,6 @@ func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op 
 	}
 	if err != nil {
 		w.errors++
-		if w.firstErr == nil {
-			w.firstErr = fmt.Errorf("op %d: %w", seq, err)
-		}
 		return false
 	}
 	w.hist.Record(lat)
