@@ -224,8 +224,13 @@ host_report() {
 	nodes=$(($(nodes_cpu_ns "$3" "$4") / 1000))
 	awk -v a="$1" -v b="$2" -v nodes="$nodes" -v b0="$5" -v b1="$6" -v ops="$7" -v hz="$(getconf CLK_TCK)" 'BEGIN {
 		split(a, x, " "); split(b, y, " "); u = 1e6 / hz / ops
+		printf "%.0f us of host CPU (user %.0f, system %.0f, irq %.0f, steal %.0f): nodes %.0f", (y[1] - x[1]) * u, (y[3] - x[3]) * u, (y[4] - x[4]) * u, (y[5] - x[5]) * u, (y[6] - x[6]) * u, nodes / ops
+		if (b0 == "" || b1 == "") {
+			printf ", the rest %.0f (brainbench not sampled)", (y[1] - x[1]) * u - (y[6] - x[6]) * u - nodes / ops
+			exit
+		}
 		bench = (b1 - b0) * 1e6
-		printf "%.0f us of host CPU (user %.0f, system %.0f, irq %.0f, steal %.0f): nodes %.0f, brainbench %.0f, neither %.0f", (y[1] - x[1]) * u, (y[3] - x[3]) * u, (y[4] - x[4]) * u, (y[5] - x[5]) * u, (y[6] - x[6]) * u, nodes / ops, bench / ops, (y[1] - x[1]) * u - (y[6] - x[6]) * u - nodes / ops - bench / ops }'
+		printf ", brainbench %.0f, neither %.0f", bench / ops, (y[1] - x[1]) * u - (y[6] - x[6]) * u - nodes / ops - bench / ops }'
 }
 
 # node_cpu KIND N: for every node of the cluster, "name usage_ns
@@ -542,7 +547,10 @@ measure() {
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
-	bench_cpu bc0
+	# A steady run's brainbench still runs when the window ends, so its
+	# CPU (counted once it is waited for) is not sampled.
+	bc0="" bc1=""
+	((steady)) || bench_cpu bc0
 	t0=$(date +%s.%N)
 	local profs=()
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
@@ -557,7 +565,7 @@ measure() {
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
 	io1=$(node_io "$kind" "$n")
-	bench_cpu bc1
+	((steady)) || bench_cpu bc1
 	t1=$(date +%s.%N)
 	((steady == 0)) || wait "$bpid" || true
 	rm -f "$win"
