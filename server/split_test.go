@@ -467,16 +467,7 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 	c := testutil.StartCluster(t, 4, server.Config{InitialSplitPoints: []string{"/registry/pods/"}, RebalanceInterval: time.Second})
 	ctx := context.Background()
 	cl := testutil.Client(t, c.Endpoint(0))
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		_, err := cl.Put(ctx, "/registry/pods/a", "1")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitForPut(t, cl, "/registry/pods/a")
 	for _, k := range []string{"/registry/pods/b", "/registry/pods/c", "/registry/pods/d"} {
 		if _, _, err := c.Nodes[0].Split(ctx, []byte(k)); err != nil {
 			t.Fatalf("split at %s: %v", k, err)
@@ -571,14 +562,7 @@ func TestSplitForBalance(t *testing.T) {
 		InitialSplitPoints: []string{"/registry/a/", "/registry/b/", "/registry/c/", "/registry/d/", "/registry/e/", "/registry/f/"}})
 	ctx := context.Background()
 	cl := testutil.Client(t, c.Endpoint(0))
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if _, err := cl.Put(ctx, "/registry/pods/a", "1"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitForPut(t, cl, "/registry/pods/a")
 	// Two partitions led by one node, one by each other node.
 	leaderOf := func(id uint64) int {
 		for i, n := range c.Nodes {
@@ -806,14 +790,7 @@ func TestSplitAcrossPlacements(t *testing.T) {
 		LeaderBalanceInterval: time.Second, RebalanceInterval: time.Second, InitialSplitPoints: points})
 	ctx := context.Background()
 	cl := testutil.Client(t, c.Endpoint(0))
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if _, err := cl.Put(ctx, "/registry/a/x", "1"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitForPut(t, cl, "/registry/a/x")
 	// One partition led by each node of one copyset (the voters of the
 	// partitions they lead are the same three nodes), once the leader
 	// balancer spread the leaderships.
@@ -891,4 +868,20 @@ func TestSplitAcrossPlacements(t *testing.T) {
 	load.stop()
 	t.Logf("%v splits across placements; a node outside the loaded copyset leads %.0f writes/s", across(), outside())
 	load.check(ctx)
+}
+
+// waitForPut puts key (value "1") through cl until a put succeeds: a
+// cluster just started serves writes once its groups elected leaders.
+// It fails the test after 30 s.
+func waitForPut(t *testing.T, cl *clientv3.Client, key string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := cl.Put(context.Background(), key, "1")
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("put %s: %v", key, err)
+		}
+	}
 }
