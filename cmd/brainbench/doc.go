@@ -31,6 +31,14 @@
 // after --max-errors failures a benchmark stops issuing operations, so that
 // a dead endpoint does not cost --total timeouts.
 //
+// create, update and put can measure a steady state: with --total 0,
+// --duration D and --measure-last W, the load runs for D and only the
+// operations that end in its last W count towards throughput, latency and
+// errors (the ones before and after are reported as unmeasured), so a
+// store that adapts to the load (splits, leader moves) is measured once
+// it has. --window-file creates a file when that window begins, for a
+// script to sample the servers' own counters over the same window.
+//
 // Each benchmark writes under its own group of keys below --key-prefix
 // (for example /registry/configmaps/bench/list-00000042), so that the
 // benchmarks of one run do not see each other's keys; create and watch add
