@@ -558,7 +558,8 @@ measure() {
 	local profs=()
 	start_profiles "$kind" "$kind-$n-$workload$TAG" "$EPS"
 	if ((steady)); then
-		# The window's end, less the time the samples above took.
+		# HOT_MEASURE seconds of node counters from t0 (which follows
+		# the window's start by the samples' time, under a second).
 		sleep "$(awk -v t0="$t0" -v now="$(date +%s.%N)" -v m="$HOT_MEASURE" 'BEGIN { d = m - (now - t0); print (d > 0 ? d : 0) }')"
 	else
 		wait "$bpid" || true
