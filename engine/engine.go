@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 
@@ -62,6 +63,13 @@ func Open(cfg Config) (*pebble.DB, error) {
 		LBaseMaxBytes:               64 << 20,
 		FormatMajorVersion:          pebble.FormatNewest,
 		Logger:                      slogLogger{cfg.Logger.With("component", "pebble")},
+	}
+	if cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		// Every flush, compaction (with its reason and levels), ingestion
+		// and WAL event, one line each: what --log-level debug is for when
+		// the compaction counters in /metrics move more than expected.
+		l := pebble.MakeLoggingEventListener(opts.Logger)
+		opts.EventListener = &l
 	}
 	opts.EnsureDefaults()
 	for i := range opts.Levels {
