@@ -298,8 +298,10 @@ per_create() {
 # forwarded to a leader, TSO requests from other nodes, feed messages
 # streamed to other nodes; and as counts: the fates of writes at deposed
 # leaders, sent calls lost to broken connections, leaderships gained and
-# leader transfers (MsgTimeoutNow received), partition splits, and the
-# storage engines' memtable flushes and compactions.
+# leader transfers (MsgTimeoutNow received), partition splits, the
+# storage engines' memtable flushes and compactions (and of those, the moves
+# and delete-only ones, which rewrite no data); and as bytes: flushed,
+# compacted (written by compactions) and ingested (replica snapshots).
 brain_work() {
 	node_metrics "$EPS" >"$1"
 	awk '
@@ -318,8 +320,12 @@ brain_work() {
 		/^brain_raft_messages_received_total\{type="MsgTimeoutNow"\}/ { v[13] += $NF }
 		/^brain_partition_splits_total\{/ { v[14] += $NF }
 		/^brain_pebble_flushes_total / { v[15] += $NF }
-		/^brain_pebble_compactions_total / { v[16] += $NF }
-		END { for (i = 1; i <= 16; i++) printf "%.0f%s", v[i], (i < 16 ? " " : "\n") }' "$1"
+		/^brain_pebble_compactions_total[{ ]/ { v[16] += $NF }
+		/^brain_pebble_compactions_total\{kind="(move|delete_only)"\}/ { v[17] += $NF }
+		/^brain_pebble_flushed_bytes_total / { v[18] += $NF }
+		/^brain_pebble_compacted_bytes_total / { v[19] += $NF }
+		/^brain_pebble_ingested_bytes_total / { v[20] += $NF }
+		END { for (i = 1; i <= 20; i++) printf "%.0f%s", v[i], (i < 20 ? " " : "\n") }' "$1"
 }
 
 # node_metrics ENDPOINTS: the /metrics of every node at ENDPOINTS (comma
@@ -389,8 +395,9 @@ work_per_create() {
 	awk -v a="$1" -v b="$2" -v ops="$3" 'BEGIN {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
-		for (i = 8; i <= 16; i++) d[i] = y[i] - x[i]
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer); %d partition splits; %d memtable flushes and %d compactions (all nodes)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16] }'
+		for (i = 8; i <= 17; i++) d[i] = y[i] - x[i]
+		for (i = 18; i <= 20; i++) d[i] = (y[i] - x[i]) / 1048576
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer); %d partition splits; %d memtable flushes and %d compactions (%d of them moves or delete-only), %.0f MiB flushed, %.0f MiB compacted (%.1f per flushed MiB), %.0f MiB ingested (all nodes)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], (d[18] > 0 ? d[19] / d[18] : 0), d[20] }'
 }
 
 # split points: the prefix of every resource, sorted.
