@@ -105,6 +105,13 @@ type Config struct {
 	// MemTableBytes (--memtable-bytes) is the storage memtable size;
 	// default 64 MiB.
 	MemTableBytes uint64
+	// RaftLogKeep (--raft-log-keep) and RaftTruncateEvery
+	// (--raft-truncate-every): a group's log keeps RaftLogKeep applied
+	// entries after a truncation, which runs once RaftTruncateEvery more
+	// have been applied (raftgroup.Config's LogKeepEntries and
+	// TruncateEvery; 0: raftgroup's defaults). Entries truncated before
+	// the memtable holding them is flushed never reach an sstable.
+	RaftLogKeep, RaftTruncateEvery uint64
 	// Replicas (--replicas) is how many replicas each partition, the TSO
 	// and the meta group have (fewer if the cluster has fewer members);
 	// default 3.

@@ -204,6 +204,8 @@ func (s *Server) open() error {
 		ElectionTicks:  int(cfg.ElectionTimeout / cfg.HeartbeatInterval),
 		HeartbeatTicks: 1,
 		Workers:        cfg.RaftWorkers,
+		LogKeepEntries: cfg.RaftLogKeep,
+		TruncateEvery:  cfg.RaftTruncateEvery,
 		Logger:         s.log,
 		Registerer:     s.registry,
 		NewReplica:     s.newReplica,

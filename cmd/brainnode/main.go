@@ -85,6 +85,8 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Int64Var(&cfg.TSOWindow, "tso-window", 1000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
+	f.Uint64Var(&cfg.RaftLogKeep, "raft-log-keep", 0, "brain: applied entries a raft group's log keeps after a truncation (0: 512).")
+	f.Uint64Var(&cfg.RaftTruncateEvery, "raft-truncate-every", 0, "brain: a raft group's log is truncated once this many more entries have been applied (0: 1024).")
 	f.Uint64Var(&cfg.MemTableBytes, "memtable-bytes", 64<<20, "brain: storage memtable size in bytes (writes are buffered in memory up to this much before a flush to disk).")
 	f.IntVar(&cfg.Replicas, "replicas", 3, "brain: replicas of each partition, the TSO and the meta group (fewer if the cluster has fewer members); fixed when the cluster is created.")
 	f.StringVar(&cfg.Placement, "placement", server.PlacementCopysets, "brain: how partitions' replicas are laid out over the members: copysets (groups of --replicas nodes that hold the same partitions, so a node exchanges raft traffic with few peers) or ring (each partition on the next --replicas members after its own); fixed when the cluster is created.")
