@@ -153,6 +153,28 @@ func runAllBenchmarks(t *testing.T, endpoint string) {
 			t.Fatalf("the store holds %d created keys, the result counts %d measured + %d not", resp.Count, r.Ops, r.UnmeasuredOps)
 		}
 	})
+	t.Run("update, last second measured", func(t *testing.T) {
+		// The populate phase has no Duration: it must fill every key
+		// whatever --measure-last says.
+		c := cfg
+		c.KeyPrefix = "/registry/steady-update/"
+		c.Total, c.Duration, c.MeasureLast = 0, 2*time.Second, time.Second
+		r, err := RunUpdate(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ops == 0 || r.UnmeasuredOps == 0 || r.Errors+r.UnmeasuredErrors != 0 {
+			t.Fatalf("update for 2s measuring the last 1s: %d ops measured, %d not, %d+%d errors", r.Ops, r.UnmeasuredOps, r.Errors, r.UnmeasuredErrors)
+		}
+		cli := testutil.Client(t, endpoint)
+		resp, err := cli.Get(ctx, groupPrefix(c.KeyPrefix, groupUpdate), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count != int64(c.Keys) {
+			t.Fatalf("the populate phase left %d keys, want %d", resp.Count, c.Keys)
+		}
+	})
 	t.Run("all", func(t *testing.T) {
 		var progress bytes.Buffer
 		c := cfg

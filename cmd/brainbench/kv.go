@@ -123,7 +123,7 @@ const resourceWatchDrain = 30 * time.Second
 // aborts the benchmark.
 func fill(ctx context.Context, cfg Config, p *pool, name string, pre *populate) error {
 	fc := cfg
-	fc.Total, fc.Duration, fc.MeasureLast, fc.WindowFile = int64(pre.n), 0, 0, ""
+	fc.Total, fc.Duration = int64(pre.n), 0
 	s := runLoad(ctx, name+"/populate", fc, p, func(ctx context.Context, w *worker, seq int64) error {
 		key := cfg.writeKey(pre.group, seq)
 		if pre.group == groupList { // a list reads one prefix

@@ -130,7 +130,9 @@ type paceFunc func(seq int64) time.Duration
 // failed, no more are issued. With cfg.MeasureLast, only the operations
 // that end in the last MeasureLast of the Duration are measured (the load
 // before it is a ramp the system under test adapts to), and
-// cfg.WindowFile is created when that window begins.
+// cfg.WindowFile is created when that window begins. Without a Duration,
+// MeasureLast and WindowFile are ignored and every operation is measured:
+// the populate and watch-write phases of a --measure-last run rely on that.
 func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, pace paceFunc) loadStats {
 	workers := make([]*worker, cfg.Clients)
 	for i := range workers {

@@ -157,7 +157,7 @@ func awaitCreated(ctx context.Context, ws []*watcher, timeout time.Duration) err
 // writers, each value carrying its write time and sequence number.
 func runWrites(ctx context.Context, cfg Config, p *pool, plan *watchPlan) loadStats {
 	wcfg := cfg
-	wcfg.Total, wcfg.Duration, wcfg.MeasureLast = plan.writes, 0, 0
+	wcfg.Total, wcfg.Duration = plan.writes, 0
 	pace := func(seq int64) time.Duration { return time.Duration(float64(seq) * plan.interval) }
 	return runLoad(ctx, "watch/writes", wcfg, p, func(ctx context.Context, w *worker, seq int64) error {
 		v := w.value
