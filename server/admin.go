@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -12,12 +13,14 @@ import (
 
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/partition"
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // The operator API: JSON over the client listener, used by "brainnode
 // status" and "brainnode transfer-leader".
 //
 //	GET  /brain/v1/status                       this node's view (NodeStatus)
+//	GET  /brain/v1/lsm                          the storage engine's levels (text)
 //	POST /brain/v1/transfer-leader?group=G&to=ID hand this node's leadership of G to member ID
 //	POST /brain/v1/move-replica?group=G&from=A&to=B move partition G's replica from member A to B (on G's leader)
 //	POST /brain/v1/split?key=K                   split the partition holding key K at K (on any node)
@@ -68,6 +71,7 @@ type GroupStatus struct {
 
 func (s *Server) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("GET /brain/v1/status", s.handleStatus)
+	mux.HandleFunc("GET /brain/v1/lsm", lsmHandler(s.db))
 	mux.HandleFunc("POST /brain/v1/transfer-leader", s.handleTransferLeader)
 	mux.HandleFunc("POST /brain/v1/move-replica", s.handleMoveReplica)
 	mux.HandleFunc("POST /brain/v1/split", s.handleSplit)
@@ -158,6 +162,23 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(s.Status(r.Context()))
+}
+
+// lsmHandler prints the node's storage engine state as Pebble formats it:
+// per level the files, sizes, score and bytes in, flushed, compacted and
+// read, then the compaction, cache and WAL counters. It is what to look at
+// when brain_pebble_compacted_bytes_total grows faster than expected. db is
+// the one the server opened (registration follows it), so the handler does
+// not read s.db, which Close clears.
+func lsmHandler(db *pebble.DB) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if db == nil {
+			http.Error(w, "the store is not open", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, db.Metrics().String())
+	}
 }
 
 func (s *Server) handleTransferLeader(w http.ResponseWriter, r *http.Request) {

@@ -65,6 +65,17 @@ func TestMetricsAndDashboard(t *testing.T) {
 		t.Error("no per-RPC series for Put")
 	}
 
+	// The LSM view: Pebble's level table, with a row per level.
+	resp, err = http.Get(s.ClientURLs()[0] + "/brain/v1/lsm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lsm, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(lsm), "level") || !strings.Contains(string(lsm), "total") {
+		t.Errorf("/brain/v1/lsm: %s\n%s", resp.Status, lsm)
+	}
+
 	b, err := os.ReadFile("../deploy/grafana/brain-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
