@@ -328,14 +328,14 @@ brain_work() {
 		END { for (i = 1; i <= 20; i++) printf "%.0f%s", v[i], (i < 20 ? " " : "\n") }' "$1"
 }
 
-# node_metrics ENDPOINTS: the /metrics of every node at ENDPOINTS (comma
-# separated), each after a "# node ENDPOINT" line; a node that does not
-# answer within 5 s adds nothing.
+# node_metrics ENDPOINTS [PATH]: the /metrics (or PATH) of every node at
+# ENDPOINTS (comma separated), each after a "# node ENDPOINT" line; a node
+# that does not answer within 5 s adds nothing.
 node_metrics() {
 	local ep
 	for ep in ${1//,/ }; do
 		echo "# node $ep"
-		curl -s --max-time 5 "http://$ep/metrics" || true
+		curl -s --max-time 5 "http://$ep${2:-/metrics}" || true
 	done
 }
 
@@ -573,6 +573,8 @@ measure() {
 	fi
 	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	[[ -n $w0 ]] && w1=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-after")
+	# Each node's LSM (levels, sizes, bytes compacted) as the window ends.
+	[[ -n $w0 ]] && node_metrics "$EPS" /brain/v1/lsm >"$OUT/$kind-$n-$workload$TAG.lsm"
 	b1=$(host_busy)
 	c1=$(node_cpu "$kind" "$n")
 	io1=$(node_io "$kind" "$n")
