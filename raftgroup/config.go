@@ -35,8 +35,14 @@ type Config struct {
 	// 256.
 	MaxInflightMsgs int
 	// LogKeepEntries is how many applied entries stay in the log after a
-	// truncation; default 512. TruncateEvery is how many applied entries
-	// beyond that trigger a truncation; default 1024.
+	// truncation; default 64. TruncateEvery is how many applied entries
+	// beyond that trigger a truncation; default 64. A short log is cheap
+	// storage: an entry deleted while the memtable holding it is not yet
+	// flushed never reaches an sstable (with 512 and 1024, every create's
+	// log entry was flushed and compacted before its deletion caught up,
+	// about half the bytes a node flushed). A leader keeps whatever its
+	// followers still need; only a follower that trails a new leader by
+	// more than the log it kept needs a snapshot.
 	LogKeepEntries uint64
 	TruncateEvery  uint64
 	// MaxFollowerLag is how many entries a follower may lag before the
@@ -89,10 +95,10 @@ func (c *Config) EnsureDefaults() {
 		c.MaxInflightMsgs = 256
 	}
 	if c.LogKeepEntries == 0 {
-		c.LogKeepEntries = 512
+		c.LogKeepEntries = 64
 	}
 	if c.TruncateEvery == 0 {
-		c.TruncateEvery = 1024
+		c.TruncateEvery = 64
 	}
 	if c.MaxFollowerLag == 0 {
 		c.MaxFollowerLag = 100000
