@@ -1042,3 +1042,54 @@ func TestConcurrentProposalsShareRounds(t *testing.T) {
 		t.Fatalf("%d proposers ready together took %d appends with entries to one follower", n, a)
 	}
 }
+
+// TestDefaultTruncationKeepsTheLogOutOfSSTables proposes 2000 commands of
+// 1 KiB (random, so compression cannot hide them) to a trio with the
+// default log truncation, then flushes every node's memtable: entries
+// applied and truncated before the flush must not reach an sstable, so the
+// flush writes a small part of the 2 MiB the log took. With the old defaults
+// (keep 512, truncate every 1024) about half the entries were still in the
+// log at the flush, and this test fails.
+func TestDefaultTruncationKeepsTheLogOutOfSSTables(t *testing.T) {
+	tr := NewMemTransport()
+	nodes, leader, _ := startLedTrio(t, tr, func(c *Config) { c.LogKeepEntries, c.TruncateEvery = 0, 0 })
+	const proposers, each, size = 8, 250, 1024
+	errs := make(chan error, proposers)
+	for p := 0; p < proposers; p++ {
+		go func(seed uint64) {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			payload := make([]byte, size)
+			for i := 0; i < each; i++ {
+				for j := range payload {
+					payload[j] = byte(rng.Uint32())
+				}
+				c := append(engine.PutUint64(NewCommand(8+size), 1), payload...)
+				if _, err := leader.Propose(context.Background(), c); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}(uint64(p))
+	}
+	for p := 0; p < proposers; p++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range nodes {
+		waitCount(t, n, proposers*each)
+	}
+	for _, n := range nodes {
+		if err := n.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var flushed uint64
+		for _, l := range n.db.Metrics().Levels {
+			flushed += l.TableBytesFlushed
+		}
+		if logged := uint64(proposers * each * size); flushed > logged/4 {
+			t.Errorf("node %d flushed %d bytes after %d bytes of log entries: the truncated entries reached an sstable", n.id, flushed, logged)
+		}
+	}
+}
