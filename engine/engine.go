@@ -25,6 +25,12 @@ type Config struct {
 	// writes (1 KiB values at tens of thousands per second) do not stall on
 	// flushes.
 	MemTableBytes uint64
+	// ValueSeparationMinBytes: values of user data (MVCCPrefix and above)
+	// this large or larger are written to blob files at flush, and
+	// compactions move a small reference instead of the value (see
+	// separation.go). Default 256 bytes; negative: every value stays in
+	// its sstable.
+	ValueSeparationMinBytes int
 	// Logger receives Pebble's log lines; default slog.Default().
 	Logger *slog.Logger
 }
@@ -39,6 +45,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MemTableBytes == 0 {
 		c.MemTableBytes = 64 << 20
+	}
+	if c.ValueSeparationMinBytes == 0 {
+		c.ValueSeparationMinBytes = DefaultValueSeparationMinBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -71,6 +80,7 @@ func Open(cfg Config) (*pebble.DB, error) {
 		l := pebble.MakeLoggingEventListener(opts.Logger)
 		opts.EventListener = &l
 	}
+	separateValues(opts, cfg.ValueSeparationMinBytes)
 	opts.EnsureDefaults()
 	for i := range opts.Levels {
 		// Whole-key bloom filters make point lookups of index keys (every

@@ -13,13 +13,16 @@ type metricsCollector struct {
 	compactions, flushes                                 *prometheus.Desc
 	compactedBytes, compactionReadBytes                  *prometheus.Desc
 	flushedBytes, ingestedBytes                          *prometheus.Desc
+	blobFlushedBytes, blobCompactedBytes, blobFiles      *prometheus.Desc
 }
 
 // NewMetricsCollector returns a collector of db's storage metrics:
 // brain_pebble_disk_usage_bytes, _read_amplification, _l0_sublevels,
 // _l0_files, _compaction_debt_bytes, _memtable_bytes, _flushes_total,
 // _compactions_total by kind, and the bytes that compactions wrote and
-// read, that flushes wrote and that ingestions (replica snapshots) added. A
+// read, that flushes wrote and that ingestions (replica snapshots) added,
+// and the blob files' (separated values, separation.go): the live ones and
+// the bytes flushes and compactions wrote to them. A
 // growing L0 or compaction debt means writes outrun compactions (Pebble then
 // slows writes down); compacted bytes per flushed byte is the engine's write
 // amplification.
@@ -41,12 +44,16 @@ func NewMetricsCollector(db *pebble.DB) prometheus.Collector {
 		compactionReadBytes: d("compaction_read_bytes_total", "Sstable bytes read by compactions since the store opened."),
 		flushedBytes:        d("flushed_bytes_total", "Sstable bytes written by memtable flushes since the store opened."),
 		ingestedBytes:       d("ingested_bytes_total", "Sstable bytes ingested (replica snapshots) since the store opened."),
+		blobFlushedBytes:    d("blob_flushed_bytes_total", "Bytes of separated values that memtable flushes wrote to blob files since the store opened."),
+		blobCompactedBytes:  d("blob_compacted_bytes_total", "Bytes of separated values that compactions rewrote into new blob files since the store opened."),
+		blobFiles:           d("blob_files", "Live blob files (separated values)."),
 	}
 }
 
 func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.disk, c.readAmp, c.l0Sublevels, c.l0Files, c.debt, c.memtables,
-		c.compactions, c.flushes, c.compactedBytes, c.compactionReadBytes, c.flushedBytes, c.ingestedBytes} {
+		c.compactions, c.flushes, c.compactedBytes, c.compactionReadBytes, c.flushedBytes, c.ingestedBytes,
+		c.blobFlushedBytes, c.blobCompactedBytes, c.blobFiles} {
 		ch <- d
 	}
 }
@@ -82,15 +89,20 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		n(c.compactions, float64(k.count), k.kind)
 	}
 	n(c.flushes, float64(m.Flush.Count))
-	var compacted, read, flushed, ingested uint64
+	var compacted, read, flushed, ingested, blobFlushed, blobCompacted uint64
 	for _, l := range m.Levels {
 		compacted += l.TableBytesCompacted
 		read += l.TableBytesRead
 		flushed += l.TableBytesFlushed
 		ingested += l.TableBytesIngested
+		blobFlushed += l.BlobBytesFlushed
+		blobCompacted += l.BlobBytesCompacted
 	}
 	n(c.compactedBytes, float64(compacted))
 	n(c.compactionReadBytes, float64(read))
 	n(c.flushedBytes, float64(flushed))
 	n(c.ingestedBytes, float64(ingested))
+	n(c.blobFlushedBytes, float64(blobFlushed))
+	n(c.blobCompactedBytes, float64(blobCompacted))
+	g(c.blobFiles, float64(m.BlobFiles.LiveCount))
 }
