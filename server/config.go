@@ -105,6 +105,10 @@ type Config struct {
 	// MemTableBytes (--memtable-bytes) is the storage memtable size;
 	// default 64 MiB.
 	MemTableBytes uint64
+	// ValueSeparationMinBytes (--value-separation-min-bytes): stored values
+	// at least this large go to blob files, which compactions do not
+	// rewrite (engine.Config's; 0: 256 bytes, negative: none).
+	ValueSeparationMinBytes int
 	// RaftLogKeep (--raft-log-keep) and RaftTruncateEvery
 	// (--raft-truncate-every): a group's log keeps RaftLogKeep applied
 	// entries after a truncation, which runs once RaftTruncateEvery more

@@ -171,7 +171,7 @@ func (s *Server) open() error {
 	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: create data dir: %w", err)
 	}
-	db, err := engine.Open(engine.Config{Dir: filepath.Join(cfg.DataDir, "pebble"), FS: cfg.FS, CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes, Logger: s.log})
+	db, err := engine.Open(engine.Config{Dir: filepath.Join(cfg.DataDir, "pebble"), FS: cfg.FS, CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes, ValueSeparationMinBytes: cfg.ValueSeparationMinBytes, Logger: s.log})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/etcdcompat"
 	"github.com/brainkv/brain/server"
 	"github.com/spf13/cobra"
@@ -88,6 +89,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Uint64Var(&cfg.RaftLogKeep, "raft-log-keep", 0, "brain: applied entries a raft group's log keeps after a truncation (0: 64).")
 	f.Uint64Var(&cfg.RaftTruncateEvery, "raft-truncate-every", 0, "brain: a raft group's log is truncated once this many more entries have been applied (0: 64).")
 	f.Uint64Var(&cfg.MemTableBytes, "memtable-bytes", 64<<20, "brain: storage memtable size in bytes (writes are buffered in memory up to this much before a flush to disk).")
+	f.IntVar(&cfg.ValueSeparationMinBytes, "value-separation-min-bytes", engine.DefaultValueSeparationMinBytes, "brain: stored values at least this large are kept in blob files that compactions move by reference instead of rewriting (-1: every value stays in the sstables).")
 	f.IntVar(&cfg.Replicas, "replicas", 3, "brain: replicas of each partition, the TSO and the meta group (fewer if the cluster has fewer members); fixed when the cluster is created.")
 	f.StringVar(&cfg.Placement, "placement", server.PlacementCopysets, "brain: how partitions' replicas are laid out over the members: copysets (groups of --replicas nodes that hold the same partitions, so a node exchanges raft traffic with few peers) or ring (each partition on the next --replicas members after its own); fixed when the cluster is created.")
 	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", "", "brain: file holding a base64 key (16, 24 or 32 bytes) that encrypts membership gossip; every member needs the same one.")
