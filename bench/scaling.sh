@@ -35,6 +35,17 @@
 # loses to cross-node work; it is not a measurement on machines of their
 # own.
 #
+# Against another build (--against REV): brain built from git revision REV
+# ("brainb") runs next to brain built from this tree, two clusters of each
+# size at the same time under the same load, each with its own brainbench,
+# and their measured windows start together. The host's speed drifts by
+# a third within minutes here, which no sequence of separate runs can
+# tell from a change's effect; two clusters measured at once share the
+# drift, so the summary's per-round ratio of REV to this tree is the
+# change's effect (at twice the host load of one cluster alone).
+#
+#   bench/scaling.sh --sizes 3 --against HEAD~1 --spread 0 --repeat 3
+#
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
 set -euo pipefail
@@ -126,8 +137,9 @@ IDLE=${IDLE:-0}
 # create with one thread than with two, see README's "Configuration").
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
+AGAINST=${AGAINST:-}              # a git revision: measure brain built from it next to this tree's, at the same time (see above; SYSTEMS and SIDE_BY_SIDE are ignored)
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK AGAINST"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -190,7 +202,18 @@ mkdir -p "$BIN/brain" "$BIN/etcd"
 (cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN/brain/server" ./cmd/brainnode &&
 	CGO_ENABLED=0 go build -o "$BIN/etcd/server" ./cmd/etcdref &&
 	go build -o "$BIN/brainbench" ./cmd/brainbench)
-for kind in brain etcd; do
+KINDS="brain etcd"
+if [[ -n $AGAINST ]]; then
+	# The other build, from a clean export of REV (its own go.mod and
+	# go.sum; nothing of this tree's working copy).
+	say "building brainnode at $AGAINST"
+	mkdir -p "$OUT/against-src" "$BIN/brainb"
+	git -C "$ROOT" archive "$AGAINST" | tar -x -C "$OUT/against-src"
+	(cd "$OUT/against-src" && CGO_ENABLED=0 go build -o "$BIN/brainb/server" ./cmd/brainnode)
+	KINDS+=" brainb"
+	SYSTEMS=brain SIDE_BY_SIDE=""
+fi
+for kind in $KINDS; do
 	printf 'FROM scratch\nCOPY server /server\nENTRYPOINT ["/server"]\n' >"$BIN/$kind/Dockerfile"
 	docker build -q -t "brainscale-$kind:dev" "$BIN/$kind" >/dev/null
 done
@@ -207,8 +230,8 @@ host_busy() { awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9, $
 # shell, not in $(...): a subshell starts with its children's count at
 # zero.
 bench_cpu() {
-	times >"$OUT/.times"
-	printf -v "$1" '%s' "$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } ; print s }' "$OUT/.times")"
+	times >"$OUT/.times.$BASHPID"
+	printf -v "$1" '%s' "$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } ; print s }' "$OUT/.times.$BASHPID")"
 }
 
 # host_report BUSY_BEFORE BUSY_AFTER CPU_BEFORE CPU_AFTER BENCH_BEFORE
@@ -301,7 +324,9 @@ per_create() {
 # leader transfers (MsgTimeoutNow received), partition splits, the
 # storage engines' memtable flushes and compactions (and of those, the moves
 # and delete-only ones, which rewrite no data); and as bytes: flushed,
-# compacted (written by compactions) and ingested (replica snapshots).
+# compacted (written by compactions) and ingested (replica snapshots), and
+# of the flushed and compacted bytes those written to blob files
+# (separated values).
 brain_work() {
 	node_metrics "$EPS" >"$1"
 	awk '
@@ -325,7 +350,9 @@ brain_work() {
 		/^brain_pebble_flushed_bytes_total / { v[18] += $NF }
 		/^brain_pebble_compacted_bytes_total / { v[19] += $NF }
 		/^brain_pebble_ingested_bytes_total / { v[20] += $NF }
-		END { for (i = 1; i <= 20; i++) printf "%.0f%s", v[i], (i < 20 ? " " : "\n") }' "$1"
+		/^brain_pebble_blob_flushed_bytes_total / { v[21] += $NF }
+		/^brain_pebble_blob_compacted_bytes_total / { v[22] += $NF }
+		END { for (i = 1; i <= 22; i++) printf "%.0f%s", v[i], (i < 22 ? " " : "\n") }' "$1"
 }
 
 # node_metrics ENDPOINTS [PATH]: the /metrics (or PATH) of every node at
@@ -396,8 +423,9 @@ work_per_create() {
 		split(a, x, " "); split(b, y, " ")
 		for (i = 1; i <= 7; i++) d[i] = (y[i] - x[i]) / ops
 		for (i = 8; i <= 17; i++) d[i] = y[i] - x[i]
-		for (i = 18; i <= 20; i++) d[i] = (y[i] - x[i]) / 1048576
-		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer); %d partition splits; %d memtable flushes and %d compactions (%d of them moves or delete-only), %.0f MiB flushed, %.0f MiB compacted (%.1f per flushed MiB), %.0f MiB ingested (all nodes)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], d[18], d[19], (d[18] > 0 ? d[19] / d[18] : 0), d[20] }'
+		for (i = 18; i <= 22; i++) d[i] = (y[i] - x[i]) / 1048576
+		fl = d[18] + d[21]; co = d[19] + d[22]
+		printf "%.2f raft batches received (%.2f messages), %.2f raft rounds, %.2f log syncs, %.2f forwarded writes, %.3f TSO requests, %.2f feed messages; writes in flight at deposed leaders: %d applied, %d dropped (retried), %d unknown; %d sent calls failed by a broken connection; %d leaderships gained (%d by transfer); %d partition splits; %d memtable flushes and %d compactions (%d of them moves or delete-only), %.0f MiB flushed (%.0f to blob files), %.0f MiB compacted (%.0f to blob files; %.1f per flushed MiB), %.0f MiB ingested (all nodes)", d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16], d[17], fl, d[21], co, d[22], (fl > 0 ? co / fl : 0), d[20] }'
 }
 
 # split points: the prefix of every resource, sorted.
@@ -435,7 +463,7 @@ start_cluster() {
 		local args=(--name "n$i" --data-dir /data --listen-client-urls "http://$listenc"
 			--advertise-client-urls "http://$client" --listen-peer-urls "http://$listenp"
 			--initial-advertise-peer-urls "http://$peer" --initial-cluster "$initial")
-		if [[ $kind == brain ]]; then
+		if [[ $kind == brain* ]]; then
 			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
 			if ((PROFILE > 0)); then args+=(--enable-pprof); fi
@@ -516,10 +544,10 @@ measure() {
 	bench_args "$EPS" "$(clients_for "$n" 1)" "$CONNS"
 	common=("${BENCH_ARGS[@]}")
 	local warmup=$WARMUP
-	[[ $workload == hot && $kind == brain ]] && warmup=$HOT_WARMUP
+	[[ $workload == hot && $kind == brain* ]] && warmup=$HOT_WARMUP
 	say "$kind, $n node(s), $workload: $warmup warm-up puts, then $TOTAL creates"
 	"$BIN/brainbench" put "${common[@]}" --total "$warmup" --keys "$warmup" --resources "$res" --quiet >/dev/null 2>&1 || true
-	if [[ $workload == hot && $kind == brain ]]; then
+	if [[ $workload == hot && $kind == brain* ]]; then
 		say "waiting ${HOT_SETTLE}s for replicas and leaders to move after the splits"
 		sleep "$HOT_SETTLE"
 		settle_placement "$kind, $n node(s), $workload" "$EPS"
@@ -533,27 +561,28 @@ measure() {
 			settle_placement "$kind, $n node(s), $workload" "$EPS"
 		fi
 	fi
-	[[ $kind == brain ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
+	[[ $kind == brain* ]] && settle_leaders "$kind, $n node(s), $workload" "$EPS"
 	idle_report "$kind" "$n" "$kind, $n node(s), $workload"
 	# steady: this run's creates are measured over the last HOT_MEASURE
 	# seconds of a longer run (see HOT_MEASURE); the node counters are
 	# sampled when that window begins and ends.
 	local steady=0 run=(--total "$TOTAL") win="" bpid
-	if [[ $workload == hot && $kind == brain ]] && ((HOT_MEASURE > 0)); then
-		steady=1 win=$OUT/window.$$
+	if [[ $workload == hot && $kind == brain* ]] && ((HOT_MEASURE > 0)); then
+		steady=1 win=$OUT/window.$kind
 		rm -f "$win"
 		# Failed creates are counted and reported, not a reason to stop:
 		# the run must last its duration to reach its window.
 		run=(--total 0 --duration "$((HOT_RAMP + HOT_MEASURE))s" --measure-last "${HOT_MEASURE}s" --window-file "$win" --max-errors 1000000000)
 		say "$kind, $n node(s), $workload: creates for $((HOT_RAMP + HOT_MEASURE))s, the last ${HOT_MEASURE}s measured"
 	fi
+	barrier "$kind, $n node(s), $workload"
 	"$BIN/brainbench" create "${common[@]}" "${run[@]}" --resources "$res" --json-out "$json" &
 	bpid=$!
 	if ((steady)); then
 		while [[ ! -e $win ]] && kill -0 "$bpid" 2>/dev/null; do sleep 0.1; done
 	fi
 	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
-	[[ $kind == brain ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
+	[[ $kind == brain* ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
@@ -610,8 +639,53 @@ measure() {
 	local thru
 	thru=$(sed -n 's/.*"throughput":\([0-9.e+]*\).*/\1/p' "$json" | tail -1)
 	local label=$kind
-	[[ $workload == hot ]] && label="$kind (one prefix)"
+	[[ $kind == brainb ]] && label="brain at $AGAINST"
+	[[ $workload == hot ]] && label="$label (one prefix)"
 	record "$label" "$n" "$thru"
+}
+
+# barrier LABEL: under --against, the measured create run starts when the
+# other build's cluster is ready for its own (each side touches its file
+# in BARRIER and waits for both), at most 300 s; elsewhere at once.
+barrier() {
+	[[ -n ${BARRIER:-} ]] || return 0
+	touch "$BARRIER/$kind"
+	local start=$SECONDS
+	until [[ -e $BARRIER/brain && -e $BARRIER/brainb ]]; do
+		if ((SECONDS - start >= 300)); then
+			say "$1: WARNING: the other build's cluster was not ready in 300 s; measuring alone"
+			return 0
+		fi
+		sleep 0.2
+	done
+}
+
+# measure_against N WORKLOAD RESOURCES [FLAGS]: this tree's brain and
+# AGAINST's, N nodes each, measured at the same time (barrier). Each runs
+# in a subshell of its own, which reports a failure in OUT/failed.KIND.
+measure_against() {
+	local n=$1 workload=$2 res=$3 extra=${4:-} kind offset pids=()
+	BARRIER=$OUT/barrier.$ROUND.$n.$workload
+	mkdir -p "$BARRIER"
+	for kind in brain brainb; do
+		offset=0
+		[[ $kind == brainb ]] && offset=500
+		(
+			FAILED=0 ERRORS=()
+			if PORT_OFFSET=$offset start_cluster "$kind" "$n" "$extra"; then
+				measure "$kind" "$n" "$workload" "$res"
+			else
+				FAILED=1
+				touch "$BARRIER/$kind" # the other side need not wait
+			fi
+			stop_cluster "$kind" "$n"
+			((FAILED == 0)) || echo "$kind, $n node(s), $workload failed" >>"$OUT/failed.$kind"
+			for e in "${ERRORS[@]}"; do echo "$e" >>"$OUT/errors.$kind"; done
+		) &
+		pids+=($!)
+	done
+	wait "${pids[@]}" || true
+	unset BARRIER
 }
 
 # json_field NAME JSON: the last number NAME holds in the brainbench
@@ -698,7 +772,7 @@ watch_report() {
 # every brain node of EPS (comma-separated) in the background into
 # OUT/NAME-nI.pprof and adds the curl processes to the caller's profs.
 start_profiles() {
-	((PROFILE > 0)) && [[ $1 == brain ]] || return 0
+	((PROFILE > 0)) && [[ $1 == brain* ]] || return 0
 	local ep i=0
 	for ep in ${3//,/ }; do
 		i=$((i + 1))
@@ -778,6 +852,11 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 		say "round $ROUND of $REPEAT"
 	fi
 	for n in $SIZES; do
+		if [[ -n $AGAINST ]]; then
+			[[ $SPREAD == 1 ]] && measure_against "$n" spread "$RESOURCES"
+			[[ $HOT == 1 ]] && measure_against "$n" hot pods "$HOT_FLAGS"
+			continue
+		fi
 		for kind in $SYSTEMS; do
 			if [[ $SPREAD == 1 || $kind != brain ]]; then
 				if ! start_cluster "$kind" "$n"; then
@@ -803,6 +882,14 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 		done
 	done
 done
+
+if [[ -n $AGAINST ]]; then
+	for f in "$OUT"/failed.* "$OUT"/errors.*; do
+		[[ -e $f ]] || continue
+		[[ $f == */failed.* ]] && FAILED=1
+		[[ $f == */errors.* ]] && mapfile -t -O "${#ERRORS[@]}" ERRORS <"$f"
+	done
+fi
 
 # median(a, n): the median of a[1..n] (the mean of the middle two for an
 # even n), for the awk programs below; sorts a.
@@ -887,6 +974,29 @@ if ((REPEAT > 1)); then
 			for (a = 1; a <= ns; a++) {
 				if ((n = ratios(sys, sz[a], l, sz[a])) > 0) printf "%-30s %s nodes / 2 x %d side by side:%s; median %.2f of %d rounds\n", sys, sz[a], sz[a] / 2, line, median(q, n), n
 			}
+		}
+	}' "$OUT/rounds.tsv"
+fi
+if [[ -n $AGAINST ]]; then
+	# Each round's ratio of the other build to this tree's, size by size:
+	# the two were measured at the same time.
+	echo
+	echo "brain at $AGAINST / brain (this tree), measured at the same time (creates/s ratio by round, then the median)"
+	awk -F'\t' -v rev="$AGAINST" "$MEDIAN_AWK"'
+	!/^#/ {
+		l = $1; b = (index(l, "brain at " rev) == 1); w = (l ~ /one prefix/) ? "one prefix" : "spread"
+		v[b, w, $2, $3] = $4 + 0; if ($3 > rounds) rounds = $3
+		if (!((w, $2) in seen)) { seen[w, $2] = 1; keys[++k] = w SUBSEP $2 }
+	}
+	END {
+		for (i = 1; i <= k; i++) {
+			split(keys[i], kw, SUBSEP); n = 0; line = ""
+			for (r = 1; r <= rounds; r++) {
+				if (((1, kw[1], kw[2], r) in v) && ((0, kw[1], kw[2], r) in v) && v[0, kw[1], kw[2], r] > 0) {
+					q[++n] = v[1, kw[1], kw[2], r] / v[0, kw[1], kw[2], r]; line = line sprintf(" %.2f", q[n])
+				} else line = line " -"
+			}
+			if (n > 0) printf "%-12s %2s nodes:%s; median %.2fx of %d rounds\n", kw[1], kw[2], line, median(q, n), n
 		}
 	}' "$OUT/rounds.tsv"
 fi
