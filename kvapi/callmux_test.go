@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -87,8 +88,12 @@ func serveInternal(t testing.TB, h Handler, desc *grpc.ServiceDesc, opts ...grpc
 
 // TestCallsShareFrames checks concurrent calls to one node travel on one
 // Calls stream, several to a frame, and each caller gets its own answer
-// and errors (NotLeader with the leader the node knows).
+// and errors (NotLeader with the leader the node knows). It runs on one
+// thread, as a node under a CPU share below one does (GOMAXPROCS 1),
+// where a sender that took its queue as soon as it was woken sent about
+// one call per frame.
 func TestCallsShareFrames(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	h := &echoHandler{}
 	c, _ := serveInternal(t, h, &internalServiceDesc, h.frameCounter())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -127,8 +132,8 @@ func TestCallsShareFrames(t *testing.T) {
 	if want := int64(callers * (rounds + rounds/5)); calls != want {
 		t.Fatalf("%d calls handled, want %d", calls, want)
 	}
-	if frames >= calls {
-		t.Fatalf("%d calls came in %d frames: no frame carried two", calls, frames)
+	if frames*4 > calls {
+		t.Fatalf("%d calls came in %d frames: fewer than 4 calls a frame", calls, frames)
 	}
 	t.Logf("%d calls in %d frames", calls, frames)
 }
@@ -291,7 +296,8 @@ func TestCallFrameRoundTrip(t *testing.T) {
 
 // BenchmarkCall compares 64 concurrent callers' calls to one node on the
 // Calls stream with unary gRPC calls (CPU per call: run with -cpu 1, or
-// compare ns/op side by side in one run).
+// compare ns/op side by side in one run); frames/call is how many calls
+// share a frame to the server (1: none).
 func BenchmarkCall(b *testing.B) {
 	for _, unary := range []bool{false, true} {
 		name := "stream"
@@ -300,7 +306,7 @@ func BenchmarkCall(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			h := &echoHandler{}
-			c, _ := serveInternal(b, h, &internalServiceDesc)
+			c, _ := serveInternal(b, h, &internalServiceDesc, h.frameCounter())
 			c.unary = unary
 			args := make([]byte, 1024)
 			b.SetParallelism(64)
@@ -314,6 +320,9 @@ func BenchmarkCall(b *testing.B) {
 					}
 				}
 			})
+			if !unary {
+				b.ReportMetric(float64(h.frames.Load())/float64(b.N), "frames/call")
+			}
 		})
 	}
 }
