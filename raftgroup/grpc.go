@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -380,8 +381,17 @@ func (p *peer) run() {
 	backoff := 10 * time.Millisecond
 	for {
 		p.mu.Lock()
-		for len(p.queue) == 0 && !p.closed {
-			p.cond.Wait()
+		if len(p.queue) == 0 && !p.closed {
+			for len(p.queue) == 0 && !p.closed {
+				p.cond.Wait()
+			}
+			// As kvapi's Calls stream does: let the other ready
+			// goroutines (raft workers finishing their rounds) queue
+			// their messages, so that one Send carries them all; the
+			// wake-up made this goroutine the next to run.
+			p.mu.Unlock()
+			runtime.Gosched()
+			p.mu.Lock()
 		}
 		if p.closed {
 			p.mu.Unlock()

@@ -2,8 +2,11 @@ package raftgroup
 
 import (
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
@@ -88,4 +91,82 @@ func TestGRPCTransport(t *testing.T) {
 	waitCount(t, n4.testNode, 200)
 	propose(t, leader, 10)
 	waitCount(t, n4.testNode, 210)
+}
+
+// batchCounter serves the raft transport's Messages stream, counting the
+// batches and messages it receives.
+type batchCounter struct {
+	batches, msgs atomic.Int64
+}
+
+func (c *batchCounter) messages(s grpc.ServerStream) error {
+	for {
+		var b RaftBatch
+		if err := s.RecvMsg(&b); err != nil {
+			return err
+		}
+		c.batches.Add(1)
+		c.msgs.Add(int64(len(b.Msgs)))
+	}
+}
+
+func (c *batchCounter) snapshot(grpc.ServerStream) error { return nil }
+
+// TestSendBatchesReadySenders: messages that goroutines ready to run hand
+// the transport for one peer travel in few batches. On one thread (a node
+// under a CPU share below one), eight producers that each send a message
+// and let the others run, as raft workers finishing rounds do, used to
+// see about one message a batch: the first Send woke the peer's sender
+// and made it the next goroutine to run.
+func TestSendBatchesReadySenders(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(rpccodec.New()))
+	counter := &batchCounter{}
+	srv.RegisterService(&raftServiceDesc, counter)
+	go srv.Serve(l)
+	defer srv.Stop()
+	conns := peerconn.New(func(uint64) (string, bool) { return l.Addr().String(), true })
+	defer conns.Close()
+	tr := NewGRPCTransport(1, conns, testLogger())
+	defer tr.Close()
+
+	// The stream is open and the sender waits for messages.
+	tr.Send(2, []GroupMessage{{Group: 1, Msg: raftpb.Message{Type: raftpb.MsgHeartbeat, To: 2, From: 1}}})
+	waitMsgs := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for counter.msgs.Load() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the peer received %d of %d messages", counter.msgs.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitMsgs(1)
+	counter.batches.Store(0)
+	counter.msgs.Store(0)
+
+	const producers, each = 8, 100
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				tr.Send(2, []GroupMessage{{Group: uint64(p), Msg: raftpb.Message{Type: raftpb.MsgApp, To: 2, From: 1, Index: uint64(i)}}})
+				runtime.Gosched()
+			}
+		}()
+	}
+	wg.Wait()
+	waitMsgs(producers * each)
+	batches, msgs := counter.batches.Load(), counter.msgs.Load()
+	if batches*4 > msgs {
+		t.Fatalf("%d messages came in %d batches: fewer than 4 a batch", msgs, batches)
+	}
+	t.Logf("%d messages in %d batches", msgs, batches)
 }
