@@ -46,6 +46,12 @@
 #
 #   bench/scaling.sh --sizes 3 --against HEAD~1 --spread 0 --repeat 3
 #
+# Sizes at the same time (--together 1): each round measures one cluster
+# of every size at once, windows started together, so the ratio between
+# sizes, the scaling figure, is taken under the same drift of the host's
+# speed (and under the load of all the clusters: with 3 and 6 nodes, nine
+# busy containers).
+#
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/scaling.sh --help for the list.
 set -euo pipefail
@@ -137,9 +143,10 @@ IDLE=${IDLE:-0}
 # create with one thread than with two, see README's "Configuration").
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
+TOGETHER=${TOGETHER:-0}           # 1: the sizes of a round are measured at the same time, one cluster of each (see above; SIDE_BY_SIDE is ignored)
 AGAINST=${AGAINST:-}              # a git revision: measure brain built from it next to this tree's, at the same time (see above; SYSTEMS and SIDE_BY_SIDE are ignored)
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK AGAINST"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK TOGETHER AGAINST"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -151,7 +158,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
+for v in TOGETHER CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -213,6 +220,7 @@ if [[ -n $AGAINST ]]; then
 	KINDS+=" brainb"
 	SYSTEMS=brain SIDE_BY_SIDE=""
 fi
+((TOGETHER == 0)) || SIDE_BY_SIDE=""
 for kind in $KINDS; do
 	printf 'FROM scratch\nCOPY server /server\nENTRYPOINT ["/server"]\n' >"$BIN/$kind/Dockerfile"
 	docker build -q -t "brainscale-$kind:dev" "$BIN/$kind" >/dev/null
@@ -568,7 +576,7 @@ measure() {
 	# sampled when that window begins and ends.
 	local steady=0 run=(--total "$TOTAL") win="" bpid
 	if [[ $workload == hot && $kind == brain* ]] && ((HOT_MEASURE > 0)); then
-		steady=1 win=$OUT/window.$kind
+		steady=1 win=$OUT/window.$kind.$n
 		rm -f "$win"
 		# Failed creates are counted and reported, not a reason to stop:
 		# the run must last its duration to reach its window.
@@ -644,48 +652,55 @@ measure() {
 	record "$label" "$n" "$thru"
 }
 
-# barrier LABEL: under --against, the measured create run starts when the
-# other build's cluster is ready for its own (each side touches its file
-# in BARRIER and waits for both), at most 300 s; elsewhere at once.
+# barrier LABEL: for clusters measured at the same time (--against,
+# --together), the measured create run starts when every cluster is
+# ready for its own: each touches its file (BARRIER_NAME) in BARRIER and
+# waits for all of BARRIER_ALL's, at most 300 s. Elsewhere at once.
 barrier() {
 	[[ -n ${BARRIER:-} ]] || return 0
-	touch "$BARRIER/$kind"
-	local start=$SECONDS
-	until [[ -e $BARRIER/brain && -e $BARRIER/brainb ]]; do
-		if ((SECONDS - start >= 300)); then
-			say "$1: WARNING: the other build's cluster was not ready in 300 s; measuring alone"
-			return 0
-		fi
-		sleep 0.2
+	touch "$BARRIER/$BARRIER_NAME"
+	local start=$SECONDS name
+	for name in $BARRIER_ALL; do
+		until [[ -e $BARRIER/$name ]]; do
+			if ((SECONDS - start >= 300)); then
+				say "$1: WARNING: the other clusters were not ready in 300 s; measuring without them"
+				return 0
+			fi
+			sleep 0.2
+		done
 	done
 }
 
-# measure_against N WORKLOAD RESOURCES [FLAGS]: this tree's brain and
-# AGAINST's, N nodes each, measured at the same time (barrier). Each runs
-# in a subshell of its own, which reports a failure in OUT/failed.KIND.
-measure_against() {
-	local n=$1 workload=$2 res=$3 extra=${4:-} kind offset pids=()
-	BARRIER=$OUT/barrier.$ROUND.$n.$workload
+# measure_together WORKLOAD RESOURCES FLAGS KIND:N...: clusters of KIND
+# and N nodes each, all measured at the same time (barrier), each in a
+# subshell of its own with its own container names and ports, which
+# reports a failure in OUT/failed.KINDN and recorded errors in
+# OUT/errors.KINDN.
+measure_together() {
+	local workload=$1 res=$2 extra=$3 side kind n i=0 pids=()
+	shift 3
+	BARRIER=$OUT/barrier.$ROUND.$workload.$(echo "$*" | tr ' :' '-_')
+	BARRIER_ALL=$(echo "$*" | tr -d ':')
 	mkdir -p "$BARRIER"
-	for kind in brain brainb; do
-		offset=0
-		[[ $kind == brainb ]] && offset=500
+	for side in "$@"; do
+		kind=${side%%:*} n=${side##*:}
 		(
-			FAILED=0 ERRORS=()
-			if PORT_OFFSET=$offset start_cluster "$kind" "$n" "$extra"; then
+			FAILED=0 ERRORS=() BARRIER_NAME=$kind$n PREFIX=$PREFIX-$kind$n
+			if PORT_OFFSET=$((500 * i)) start_cluster "$kind" "$n" "$extra"; then
 				measure "$kind" "$n" "$workload" "$res"
 			else
 				FAILED=1
-				touch "$BARRIER/$kind" # the other side need not wait
+				touch "$BARRIER/$BARRIER_NAME" # the others need not wait
 			fi
 			stop_cluster "$kind" "$n"
-			((FAILED == 0)) || echo "$kind, $n node(s), $workload failed" >>"$OUT/failed.$kind"
-			for e in "${ERRORS[@]}"; do echo "$e" >>"$OUT/errors.$kind"; done
+			((FAILED == 0)) || echo "$kind, $n node(s), $workload failed" >>"$OUT/failed.$kind$n"
+			for e in "${ERRORS[@]}"; do echo "$e" >>"$OUT/errors.$kind$n"; done
 		) &
 		pids+=($!)
+		i=$((i + 1))
 	done
 	wait "${pids[@]}" || true
-	unset BARRIER
+	unset BARRIER BARRIER_ALL
 }
 
 # json_field NAME JSON: the last number NAME holds in the brainbench
@@ -851,10 +866,19 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 		TAG=-r$ROUND
 		say "round $ROUND of $REPEAT"
 	fi
+	if ((TOGETHER)) && [[ -z $AGAINST ]]; then
+		for kind in $SYSTEMS; do
+			sides=()
+			for n in $SIZES; do sides+=("$kind:$n"); done
+			[[ $SPREAD == 1 || $kind != brain ]] && measure_together spread "$RESOURCES" "" "${sides[@]}"
+			[[ $HOT == 1 && $kind == brain ]] && measure_together hot pods "$HOT_FLAGS" "${sides[@]}"
+		done
+		continue
+	fi
 	for n in $SIZES; do
 		if [[ -n $AGAINST ]]; then
-			[[ $SPREAD == 1 ]] && measure_against "$n" spread "$RESOURCES"
-			[[ $HOT == 1 ]] && measure_against "$n" hot pods "$HOT_FLAGS"
+			[[ $SPREAD == 1 ]] && measure_together spread "$RESOURCES" "" "brain:$n" "brainb:$n"
+			[[ $HOT == 1 ]] && measure_together hot pods "$HOT_FLAGS" "brain:$n" "brainb:$n"
 			continue
 		fi
 		for kind in $SYSTEMS; do
@@ -883,7 +907,7 @@ for ((ROUND = 1; ROUND <= REPEAT; ROUND++)); do
 	done
 done
 
-if [[ -n $AGAINST ]]; then
+if [[ -n $AGAINST ]] || ((TOGETHER)); then
 	for f in "$OUT"/failed.* "$OUT"/errors.*; do
 		[[ -e $f ]] || continue
 		[[ $f == */failed.* ]] && FAILED=1
