@@ -915,6 +915,12 @@ if [[ -n $AGAINST ]] || ((TOGETHER)); then
 	done
 fi
 
+# Measured at the same time (--together, --against), the clusters of a
+# round recorded in the order they finished: the summaries read the
+# rounds by size (a stable sort keeps each size's order).
+BY_SIZE=$OUT/.rounds-by-size
+sort -t "$(printf '\t')" -k2,2n -s "$OUT/rounds.tsv" >"$BY_SIZE"
+
 # median(a, n): the median of a[1..n] (the mean of the middle two for an
 # even n), for the awk programs below; sorts a.
 MEDIAN_AWK='function median(a, n,   i, j, t) {
@@ -932,7 +938,7 @@ END {
 		for (a = 1; a <= n; a++) x[a] = v[k, a]
 		printf "%s\t%.1f\n", k, median(x, n)
 	}
-}' "$OUT/rounds.tsv" >>"$OUT/results.tsv"
+}' "$BY_SIZE" >>"$OUT/results.tsv"
 
 echo
 echo "creates/s by cluster size ($CPUS CPU per node$ROUNDS_DESC)"
@@ -999,7 +1005,7 @@ if ((REPEAT > 1)); then
 				if ((n = ratios(sys, sz[a], l, sz[a])) > 0) printf "%-30s %s nodes / 2 x %d side by side:%s; median %.2f of %d rounds\n", sys, sz[a], sz[a] / 2, line, median(q, n), n
 			}
 		}
-	}' "$OUT/rounds.tsv"
+	}' "$BY_SIZE"
 fi
 if [[ -n $AGAINST ]]; then
 	# Each round's ratio of the other build to this tree's, size by size:
@@ -1022,7 +1028,7 @@ if [[ -n $AGAINST ]]; then
 			}
 			if (n > 0) printf "%-12s %2s nodes:%s; median %.2fx of %d rounds\n", kw[1], kw[2], line, median(q, n), n
 		}
-	}' "$OUT/rounds.tsv"
+	}' "$BY_SIZE"
 fi
 (cd "$ROOT/tools/benchplot" && GOWORK=off go run . --in "$OUT/results.tsv" --out "$OUT/scaling.png" \
 	--title "creates/s vs nodes, $CPUS CPU per node, $CLIENTS_DESC$ROUNDS_DESC" --ylabel "creates/s") || FAILED=1
