@@ -6,6 +6,11 @@
 // groups ride one WAL sync, and what lets a split hand a
 // key range to a new group without copying data.
 //
+// Values of user data of 256 bytes or more (Kubernetes objects) are
+// separated into blob files at a flush, and compactions carry a reference
+// to them instead of rewriting them (separation.go); the raft logs and the
+// groups' state stay in the sstables.
+//
 // Pebble's sstable writes are gathered into 256 KiB calls (bufferedfs.go):
 // Pebble writes a flush or a compaction in ~4 KiB calls, one system call
 // per block, on nodes whose CPU share system calls quickly use up.

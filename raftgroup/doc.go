@@ -18,6 +18,9 @@
 //     readers), then wake proposers.
 //  5. Hand outbound messages to the Transport, batched per destination
 //     (after the sync, as raft requires for votes and append responses).
+//     The gRPC transport's sender for a destination yields once when it
+//     is woken, so the rounds of every worker ready to finish one leave
+//     in one Send (grpc.go).
 //  6. Advance each RawNode; reschedule groups that still have work.
 //
 // # State machines
