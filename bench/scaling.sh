@@ -36,9 +36,9 @@
 # own.
 #
 # Against another build (--against REV): brain built from git revision REV
-# ("brainb") runs next to brain built from this tree, two clusters of each
-# size at the same time under the same load, each with its own brainbench,
-# and their measured windows start together. The host's speed drifts by
+# ("brainb") runs next to brain built from this tree: at each size one
+# cluster of each build at the same time under the same load, each with
+# its own brainbench, and their measured windows start together. The host's speed drifts by
 # a third within minutes here, which no sequence of separate runs can
 # tell from a change's effect; two clusters measured at once share the
 # drift, so the summary's per-round ratio of REV to this tree is the
