@@ -143,7 +143,7 @@ IDLE=${IDLE:-0}
 # create with one thread than with two, see README's "Configuration").
 GOMAXPROCS_NODES=${GOMAXPROCS_NODES:-auto}
 NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; host: on the host's loopback (ports 40000 up), no bridge between nodes
-TOGETHER=${TOGETHER:-0}           # 1: the sizes of a round are measured at the same time, one cluster of each (see above; SIDE_BY_SIDE is ignored)
+TOGETHER=${TOGETHER:-0}           # 1: the sizes of a round are measured at the same time, one cluster of each (see above; SIDE_BY_SIDE is ignored; not with AGAINST)
 AGAINST=${AGAINST:-}              # a git revision: measure brain built from it next to this tree's, at the same time (see above; SYSTEMS and SIDE_BY_SIDE are ignored)
 
 FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK TOGETHER AGAINST"
@@ -166,6 +166,11 @@ for v in TOGETHER CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS 
 done
 if ((REPEAT < 1 || CLIENTS < 1 || CONNS < 1)); then
 	echo "scaling.sh: --repeat, --clients and --conns must be at least 1" >&2
+	exit 2
+fi
+if ((TOGETHER)) && [[ -n $AGAINST ]]; then
+	# --against already measures its two builds at once, size by size.
+	echo "scaling.sh: --together and --against do not combine: --against measures each size's two builds at the same time" >&2
 	exit 2
 fi
 
