@@ -124,6 +124,7 @@ type Group struct {
 	inbox struct {
 		sync.Mutex
 		msgs        []raftpb.Message  // protected by inbox
+		msgsSince   time.Time         // when the first of msgs was delivered; protected by inbox
 		props       []pendingProp     // protected by inbox
 		ticks       int               // ticks before the first queued message; protected by inbox
 		ticksAfter  int               // ticks after it; protected by inbox
@@ -607,12 +608,16 @@ func (g *Group) addTickLocked() {
 func (g *Group) drainInbox() {
 	g.inbox.Lock()
 	msgs, props, ticks, ticksAfter := g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter
+	msgsSince := g.inbox.msgsSince
 	campaign, transfer, transferIn, transferred := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred
 	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter = nil, nil, 0, 0
 	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred = false, 0, 0, nil
 	g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable = nil, nil, nil, nil
 	g.inbox.Unlock()
+	if len(msgs) > 0 && g.host != nil {
+		g.host.metrics.inboxWait.Observe(time.Since(msgsSince).Seconds())
+	}
 
 	g.expireOrphans()
 	for _, to := range unreachable {

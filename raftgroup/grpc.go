@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -27,6 +28,12 @@ import (
 type RaftBatch struct {
 	From uint64
 	Msgs []GroupMessage
+	// Queued is the sender's wall clock (Unix nanoseconds) when the
+	// oldest of Msgs was handed to its transport; 0: not known (a sender
+	// from before the field). It is encoded after the messages, which
+	// receivers from before it ignore, and it only feeds
+	// brain_raft_batch_transit_seconds.
+	Queued int64
 }
 
 // BrainMessage marks an internal message (see rpccodec).
@@ -52,6 +59,9 @@ func (b *RaftBatch) Marshal() ([]byte, error) {
 			return nil, err
 		}
 	}
+	if b.Queued > 0 {
+		out = binary.AppendUvarint(out, uint64(b.Queued))
+	}
 	return out, nil
 }
 
@@ -75,6 +85,12 @@ func (b *RaftBatch) Unmarshal(data []byte) error {
 			return err
 		}
 		b.Msgs = append(b.Msgs, m)
+	}
+	b.Queued = 0
+	if len(d.b) > 0 {
+		if q := d.uvarint(); d.err == nil && q <= math.MaxInt64 {
+			b.Queued = int64(q)
+		}
 	}
 	return nil
 }
@@ -202,6 +218,10 @@ func (hs hostServer) messages(s grpc.ServerStream) error {
 			return err
 		}
 		hs.h.metrics.batchesReceived.Inc()
+		if b.Queued > 0 {
+			// Clamped at 0: the two nodes' clocks may disagree.
+			hs.h.metrics.batchTransit.Observe(max(time.Since(time.Unix(0, b.Queued)).Seconds(), 0))
+		}
 		for i := range b.Msgs {
 			hs.h.metrics.received(b.Msgs[i].Msg.Type).Inc()
 		}
@@ -346,6 +366,7 @@ type peer struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	queue  []GroupMessage // protected by mu
+	queued int64          // when the first of queue was queued (Unix ns); protected by mu
 	closed bool           // protected by mu
 	done   chan struct{}
 }
@@ -360,6 +381,9 @@ func newPeer(t *GRPCTransport, to uint64) *peer {
 func (p *peer) enqueue(msgs []GroupMessage) {
 	p.mu.Lock()
 	if len(p.queue)+len(msgs) <= maxQueued {
+		if len(p.queue) == 0 {
+			p.queued = time.Now().UnixNano()
+		}
 		p.queue = append(p.queue, msgs...)
 	}
 	p.cond.Signal()
@@ -400,7 +424,7 @@ func (p *peer) run() {
 			}
 			return
 		}
-		batch := p.queue
+		batch, queued := p.queue, p.queued
 		p.queue = nil
 		p.mu.Unlock()
 
@@ -421,7 +445,7 @@ func (p *peer) run() {
 				continue
 			}
 		}
-		if err := stream.SendMsg(&RaftBatch{From: p.t.self, Msgs: batch}); err != nil {
+		if err := stream.SendMsg(&RaftBatch{From: p.t.self, Msgs: batch, Queued: queued}); err != nil {
 			cancel()
 			stream = nil
 			p.unreachable(batch, err)

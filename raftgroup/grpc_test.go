@@ -1,8 +1,10 @@
 package raftgroup
 
 import (
+	"bytes"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,6 +93,57 @@ func TestGRPCTransport(t *testing.T) {
 	waitCount(t, n4.testNode, 200)
 	propose(t, leader, 10)
 	waitCount(t, n4.testNode, 210)
+
+	// Every node got batches stamped by their senders and stepped the
+	// messages from its groups' inboxes.
+	for _, n := range nodes {
+		m := n.host.metrics
+		if c := histogramCount(m.batchTransit); c == 0 {
+			t.Errorf("node %d: brain_raft_batch_transit_seconds has no samples", n.id)
+		}
+		if c := histogramCount(m.inboxWait); c == 0 {
+			t.Errorf("node %d: brain_raft_inbox_wait_seconds has no samples", n.id)
+		}
+	}
+}
+
+// TestRaftBatchQueuedEncoding: the sender's queue time travels after the
+// messages, so the bytes without it are the old encoding (which receivers
+// from before the field read, ignoring the rest), and a batch from an old
+// sender decodes with no time.
+func TestRaftBatchQueuedEncoding(t *testing.T) {
+	msgs := []GroupMessage{
+		{Group: 7, Msg: raftpb.Message{Type: raftpb.MsgApp, To: 2, From: 1, Term: 3, Index: 9, Entries: []raftpb.Entry{{Term: 3, Index: 10, Data: []byte("x")}}}},
+		{Group: 8, Msg: raftpb.Message{Type: raftpb.MsgHeartbeat, To: 2, From: 1, Term: 1}},
+	}
+	old, err := (&RaftBatch{From: 1, Msgs: msgs}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := time.Date(2026, 12, 3, 9, 0, 0, 123, time.UTC).UnixNano()
+	stamped, err := (&RaftBatch{From: 1, Msgs: msgs, Queued: queued}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(stamped, old) || len(stamped) == len(old) {
+		t.Fatalf("the stamped encoding (%d bytes) does not extend the old one (%d bytes)", len(stamped), len(old))
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+		want int64
+	}{{"stamped", stamped, queued}, {"old sender", old, 0}, {"cut trailer", append(slices.Clone(old), 0x80), 0}} {
+		var b RaftBatch
+		if err := b.Unmarshal(c.data); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if b.Queued != c.want {
+			t.Errorf("%s: Queued = %d, want %d", c.name, b.Queued, c.want)
+		}
+		if b.From != 1 || len(b.Msgs) != 2 || b.Msgs[0].Group != 7 || string(b.Msgs[0].Msg.Entries[0].Data) != "x" || b.Msgs[1].Msg.Type != raftpb.MsgHeartbeat {
+			t.Errorf("%s: decoded %+v", c.name, b)
+		}
+	}
 }
 
 // batchCounter serves the raft transport's Messages stream, counting the

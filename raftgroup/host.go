@@ -396,6 +396,9 @@ func (h *Host) Deliver(msgs []GroupMessage) {
 			continue
 		}
 		g.inbox.Lock()
+		if len(g.inbox.msgs) == 0 {
+			g.inbox.msgsSince = time.Now()
+		}
 		g.inbox.msgs = append(g.inbox.msgs, m.Msg)
 		g.inbox.Unlock()
 		h.sched.enqueue(g)

@@ -15,6 +15,8 @@ type metrics struct {
 	snapshotsSent     prometheus.Counter
 	snapshotsReceived prometheus.Counter
 	batchesReceived   prometheus.Counter
+	batchTransit      prometheus.Histogram
+	inboxWait         prometheus.Histogram
 	messagesReceived  *prometheus.CounterVec
 	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
 	heartbeatsSkipped prometheus.Counter
@@ -56,6 +58,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_batches_received_total", Help: "Batches of raft messages received from other nodes (one per sender's send).",
 		}),
+		batchTransit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "brain_raft_batch_transit_seconds",
+			Help:    "Time from a raft batch's oldest message being queued for this node on its sender to the batch being read here (sender's queue, gRPC and network, by the two nodes' wall clocks; 0 when the receiver's is behind).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
+		}),
+		inboxWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "brain_raft_inbox_wait_seconds",
+			Help:    "Time inbound raft messages wait in a group's inbox, from the first one delivered to the group's worker stepping them.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
+		}),
 		messagesReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "brain_raft_messages_received_total", Help: "Raft messages received from other nodes, by type (MsgApp, MsgHeartbeat, ...).",
 		}, []string{"type"}),
@@ -85,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.inboxWait, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }

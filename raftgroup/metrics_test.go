@@ -12,3 +12,11 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+func histogramCount(h prometheus.Histogram) uint64 {
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		return 0
+	}
+	return m.GetHistogram().GetSampleCount()
+}

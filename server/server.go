@@ -117,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
 		routesKick: make(chan struct{}, 1)}
-	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.registry.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.splits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_partition_splits_total", Help: "Partition splits this node started, by reason (manual, size, load, balance, across: a split for balance whose new half goes to other nodes).",
 	}, []string{"reason"})
