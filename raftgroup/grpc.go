@@ -427,6 +427,9 @@ func (p *peer) run() {
 		batch, queued := p.queue, p.queued
 		p.queue = nil
 		p.mu.Unlock()
+		if p.t.host != nil {
+			p.t.host.metrics.sendQueue.Observe(time.Since(time.Unix(0, queued)).Seconds())
+		}
 
 		if stream == nil {
 			conn, err := p.t.conns.Conn(p.to)

@@ -94,12 +94,15 @@ func TestGRPCTransport(t *testing.T) {
 	propose(t, leader, 10)
 	waitCount(t, n4.testNode, 210)
 
-	// Every node got batches stamped by their senders and stepped the
-	// messages from its groups' inboxes.
+	// Every node sent batches, got batches stamped by their senders and
+	// stepped the messages from its groups' inboxes.
 	for _, n := range nodes {
 		m := n.host.metrics
 		if c := histogramCount(m.batchTransit); c == 0 {
 			t.Errorf("node %d: brain_raft_batch_transit_seconds has no samples", n.id)
+		}
+		if c := histogramCount(m.sendQueue); c == 0 {
+			t.Errorf("node %d: brain_raft_send_queue_seconds has no samples", n.id)
 		}
 		if c := histogramCount(m.inboxWait); c == 0 {
 			t.Errorf("node %d: brain_raft_inbox_wait_seconds has no samples", n.id)

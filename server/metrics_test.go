@@ -53,7 +53,7 @@ func TestMetricsAndDashboard(t *testing.T) {
 	for _, want := range []string{
 		"grpc_server_handled_total", "grpc_server_handling_seconds_bucket",
 		"brain_raft_proposals_total", "brain_raft_applied_entries_total", "brain_raft_is_leader",
-		"brain_raft_batch_transit_seconds_bucket", "brain_raft_inbox_wait_seconds_bucket", "go_sched_latencies_seconds_bucket",
+		"brain_raft_batch_transit_seconds_bucket", "brain_raft_send_queue_seconds_bucket", "brain_raft_inbox_wait_seconds_bucket", "go_sched_latencies_seconds_bucket",
 		"brain_tso_confirm_batch_size_bucket", "brain_partition_closed_revision_lag",
 		"brain_watchers", "brain_watch_delivery_lag_seconds_bucket",
 		"brain_leader_write_rate", "brain_pebble_disk_usage_bytes", "brain_watch_slow_cancellations_total", "brain_requests_shed_total", "brain_inflight_writes", "brain_pebble_l0_sublevels", "brain_pebble_compaction_debt_bytes",
