@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/status"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
@@ -74,14 +73,6 @@ type Config struct {
 	// and raft within bounded latency instead of queueing without limit.
 	// 0: no limit.
 	MaxInflightWrites, MaxInflightReads int64
-	// ActiveWrites is how many of the admitted writes are worked on at
-	// once; the others wait, in the order they came, for one of them to
-	// finish (or for their own context to end). A waiting write costs no
-	// CPU, so on a node short of CPU the goroutines that want it are the
-	// few active writes, raft and the rest, and a raft message that
-	// arrives waits behind them rather than behind every client's write.
-	// 0: no wait, every admitted write is active.
-	ActiveWrites int
 	// ProgressNotifyInterval is how often watches that asked for progress
 	// notifications get one when idle; default 10 minutes (etcd's).
 	ProgressNotifyInterval time.Duration
@@ -113,10 +104,6 @@ type Server struct {
 	// inflight counts the requests being served, by class.
 	inflight struct{ writes, reads atomic.Int64 }
 	shed     *prometheus.CounterVec
-	// writeSlots holds a token for every active write (nil: no limit);
-	// admitWait is how long writes waited for one.
-	writeSlots chan struct{}
-	admitWait  prometheus.Histogram
 }
 
 // New creates the services.
@@ -148,16 +135,8 @@ func New(cfg Config) *Server {
 	}, []string{"class"})
 	s.shed.WithLabelValues("write") // both series from zero
 	s.shed.WithLabelValues("read")
-	if cfg.ActiveWrites > 0 {
-		s.writeSlots = make(chan struct{}, cfg.ActiveWrites)
-	}
-	s.admitWait = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "brain_write_admission_wait_seconds",
-		Help:    "How long writes waited for one of the --max-active-writes slots (0 for every write when there is no limit).",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
-	})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(s.shed, s.admitWait)
+		cfg.Registerer.MustRegister(s.shed)
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_writes", Help: "Writes being served."},
 			func() float64 { return float64(s.inflight.writes.Load()) }))
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_reads", Help: "Reads being served."},
@@ -252,38 +231,7 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 		return nil, rpctypes.ErrGRPCRequestTooManyRequests
 	}
 	defer n.Add(-1)
-	if class == "write" {
-		release, err := s.admitWrite(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer release()
-	}
 	return handler(ctx, req)
-}
-
-// admitWrite waits for one of the ActiveWrites slots, in arrival order (a
-// channel's blocked senders are woken first in, first out), and returns
-// the function that gives it back; it fails with the context's gRPC error
-// if the context ends first.
-func (s *Server) admitWrite(ctx context.Context) (release func(), err error) {
-	if s.writeSlots == nil {
-		s.admitWait.Observe(0)
-		return func() {}, nil
-	}
-	select {
-	case s.writeSlots <- struct{}{}: // a free slot: no clock read
-		s.admitWait.Observe(0)
-	default:
-		start := time.Now()
-		select {
-		case s.writeSlots <- struct{}{}:
-			s.admitWait.Observe(time.Since(start).Seconds())
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-	}
-	return func() { <-s.writeSlots }, nil
 }
 
 // fill completes a response header as etcd's header.fill does. A zero

@@ -52,10 +52,6 @@ type Config struct {
 	// --max-inflight-reads) shed load past that many requests in service
 	// (see etcdcompat.Config); negative: no limit; 0: the default 1000.
 	MaxInflightWrites, MaxInflightReads int64
-	// MaxActiveWrites (--max-active-writes): how many of those writes are
-	// worked on at once, the rest waiting in arrival order
-	// (etcdcompat.Config.ActiveWrites); 0: no wait.
-	MaxActiveWrites int
 	// QuotaBackendBytes (--quota-backend-bytes): the storage size past which
 	// the NOSPACE alarm is raised and writes refused; default 8 GiB (etcd's
 	// recommended maximum; its default is 2 GiB).

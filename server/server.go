@@ -527,7 +527,6 @@ func (s *Server) serve() error {
 		MaxTxnOps:              s.cfg.MaxTxnOps,
 		MaxInflightWrites:      max(s.cfg.MaxInflightWrites, 0),
 		MaxInflightReads:       max(s.cfg.MaxInflightReads, 0),
-		ActiveWrites:           max(s.cfg.MaxActiveWrites, 0),
 		QuotaBackendBytes:      s.cfg.QuotaBackendBytes,
 		ProgressNotifyInterval: s.cfg.WatchProgressNotifyInterval,
 		Logger:                 s.log,

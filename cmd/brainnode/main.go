@@ -66,7 +66,6 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", etcdcompat.DefaultMaxRequestBytes, "Maximum client request size in bytes the server will accept.")
 	f.IntVar(&cfg.MaxTxnOps, "max-txn-ops", 128, "Maximum number of operations permitted in a transaction.")
 	f.Int64Var(&cfg.MaxInflightWrites, "max-inflight-writes", server.DefaultMaxInflight, "brain: writes served at once; past it writes are refused with etcd's \"too many requests\" (load shedding). Negative: no limit.")
-	f.IntVar(&cfg.MaxActiveWrites, "max-active-writes", 0, "brain: of the writes served at once, how many are worked on; the others wait in arrival order for one to finish, costing no CPU (0: all of them).")
 	f.Int64Var(&cfg.MaxInflightReads, "max-inflight-reads", server.DefaultMaxInflight, "brain: reads (Range) served at once; past it reads are refused with etcd's \"too many requests\". Negative: no limit.")
 	f.Int64Var(&cfg.QuotaBackendBytes, "quota-backend-bytes", 8<<30, "Raise the NOSPACE alarm and refuse writes when the storage exceeds this size.")
 	f.Var(msDuration{&cfg.HeartbeatInterval}, "heartbeat-interval", "Time of a heartbeat interval (default 100ms); a plain number is milliseconds, as in etcd.")
