@@ -25,14 +25,6 @@ type Config struct {
 	// Rounds are mostly waiting on the WAL sync, so a few more workers than
 	// cores keeps the disk busy.
 	Workers int
-	// BusyWait, if positive, makes a worker about to start a round yield
-	// while other goroutines are runnable, for up to BusyWait: on a node
-	// short of CPU the proposals and messages those goroutines are about
-	// to hand over join the round (fewer, larger rounds: fewer log syncs
-	// and messages per write), and on a node with CPU to spare nothing
-	// is runnable and the round starts at once. Default 0: no wait
-	// beyond the one yield every round makes.
-	BusyWait time.Duration
 	// MaxGroupsPerRound bounds how many groups one worker processes in one
 	// round (one sync); default 64.
 	MaxGroupsPerRound int

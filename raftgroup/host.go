@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
-	rtmetrics "runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -408,7 +407,6 @@ func (h *Host) Deliver(msgs []GroupMessage) {
 
 func (h *Host) runWorker() {
 	buf := make([]*Group, 0, h.cfg.MaxGroupsPerRound)
-	runnable := []rtmetrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
 	for {
 		// Let the goroutines that are ready to run go first: a worker woken
 		// by a proposer (or a receiver) runs right after it on the same
@@ -418,7 +416,6 @@ func (h *Host) runWorker() {
 		// (or blocked) the round takes all their work. On an idle node this
 		// returns at once.
 		runtime.Gosched()
-		h.waitWhileBusy(runnable)
 		gs := h.sched.take(h.cfg.MaxGroupsPerRound, buf)
 		if gs == nil {
 			return
@@ -427,34 +424,6 @@ func (h *Host) runWorker() {
 		for _, g := range gs {
 			h.sched.done(g, g.rn.HasReady())
 		}
-	}
-}
-
-// maxBusyYields bounds the yields of one waitWhileBusy.
-const maxBusyYields = 64
-
-// waitWhileBusy yields while other goroutines are runnable, up to
-// Config.BusyWait (and maxBusyYields yields); sample is the worker's
-// runtime/metrics sample of the runnable goroutines.
-func (h *Host) waitWhileBusy(sample []rtmetrics.Sample) {
-	if h.cfg.BusyWait <= 0 {
-		return
-	}
-	var start time.Time
-	for i := 0; i < maxBusyYields; i++ {
-		rtmetrics.Read(sample)
-		if sample[0].Value.Kind() != rtmetrics.KindUint64 || sample[0].Value.Uint64() == 0 {
-			break
-		}
-		if i == 0 {
-			start = time.Now()
-		} else if time.Since(start) >= h.cfg.BusyWait {
-			break
-		}
-		runtime.Gosched()
-	}
-	if !start.IsZero() {
-		h.metrics.busyWait.Observe(time.Since(start).Seconds())
 	}
 }
 

@@ -17,7 +17,6 @@ type metrics struct {
 	batchesReceived   prometheus.Counter
 	batchTransit      prometheus.Histogram
 	sendQueue         prometheus.Histogram
-	busyWait          prometheus.Histogram
 	inboxWait         prometheus.Histogram
 	messagesReceived  *prometheus.CounterVec
 	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
@@ -70,11 +69,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from a raft batch's oldest message being queued for another node to this node's sender taking the batch to send it (the sender's part of the other node's brain_raft_batch_transit_seconds).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
 		}),
-		busyWait: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "brain_raft_busy_wait_seconds",
-			Help:    "Time a worker about to start a round yielded to other runnable goroutines (--raft-busy-wait; rounds that found none runnable are not counted).",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
-		}),
 		inboxWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "brain_raft_inbox_wait_seconds",
 			Help:    "Time inbound raft messages wait in a group's inbox, from the first one delivered to the group's worker stepping them.",
@@ -109,7 +103,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.sendQueue, m.busyWait, m.inboxWait, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.sendQueue, m.inboxWait, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }

@@ -100,10 +100,6 @@ type Config struct {
 	TSOWindow int64
 	// RaftWorkers (--raft-workers) drive the raft groups; default 4.
 	RaftWorkers int
-	// RaftBusyWait (--raft-busy-wait): how long a raft worker about to
-	// start a round yields to other runnable goroutines
-	// (raftgroup.Config.BusyWait); default 0.
-	RaftBusyWait time.Duration
 	// CacheBytes (--cache-bytes) is the storage block cache; default 128 MiB.
 	CacheBytes int64
 	// MemTableBytes (--memtable-bytes) is the storage memtable size;

@@ -204,7 +204,6 @@ func (s *Server) open() error {
 		ElectionTicks:  int(cfg.ElectionTimeout / cfg.HeartbeatInterval),
 		HeartbeatTicks: 1,
 		Workers:        cfg.RaftWorkers,
-		BusyWait:       cfg.RaftBusyWait,
 		LogKeepEntries: cfg.RaftLogKeep,
 		TruncateEvery:  cfg.RaftTruncateEvery,
 		Logger:         s.log,

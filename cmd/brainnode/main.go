@@ -85,7 +85,6 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringSliceVar(&cfg.InitialSplitPoints, "initial-split-points", server.DefaultSplitPoints, "brain: keys at which a new store splits its keyspace into partitions (ignored once the store exists).")
 	f.Int64Var(&cfg.TSOWindow, "tso-window", 1000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
-	f.DurationVar(&cfg.RaftBusyWait, "raft-busy-wait", 0, "brain: how long a raft worker about to start a round yields while other goroutines are runnable, so that a node short of CPU makes fewer, larger rounds (0: no wait).")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 128<<20, "brain: storage block cache size in bytes.")
 	f.Uint64Var(&cfg.RaftLogKeep, "raft-log-keep", 0, "brain: applied entries a raft group's log keeps after a truncation (0: 64).")
 	f.Uint64Var(&cfg.RaftTruncateEvery, "raft-truncate-every", 0, "brain: a raft group's log is truncated once this many more entries have been applied (0: 64).")
