@@ -483,21 +483,39 @@ func (p *Partition) WaitClosed(ctx context.Context, rev int64) error {
 	}
 	// A sole-voter leader's own bound rises as the writes in flight below
 	// rev apply; others need a close through the log.
-	if !p.soleReadyLeader() {
-		p.RequestClose(rev)
-	}
-	p.notifyProgress() // it may have become readable while registering
-	select {
-	case <-w.ch:
-		if !p.ReadableAt(rev) {
-			return ErrReplicaClosed // woken by Close
+	request := func() {
+		if !p.soleReadyLeader() {
+			p.RequestClose(rev)
 		}
-		return nil
-	case <-ctx.Done():
-		p.dropWaiter(w)
-		return ctx.Err()
+		p.notifyProgress() // it may have become readable meanwhile
+	}
+	request()
+	// A request can be lost: forwarded before this node could reach the
+	// leader (none elected yet, the store not started), or failed on
+	// the way. Ask again while waiting, or a reader would wait forever
+	// for a partition that takes no writes (its closed revision moves
+	// only when asked).
+	retry := time.NewTicker(closeRetryInterval)
+	defer retry.Stop()
+	for {
+		select {
+		case <-w.ch:
+			if !p.ReadableAt(rev) {
+				return ErrReplicaClosed // woken by Close
+			}
+			return nil
+		case <-ctx.Done():
+			p.dropWaiter(w)
+			return ctx.Err()
+		case <-retry.C:
+			request()
+		}
 	}
 }
+
+// closeRetryInterval is how often a reader waiting for a revision to
+// close asks for the close again.
+const closeRetryInterval = 250 * time.Millisecond
 
 // dropWaiter removes w from the waiting readers if it is still there.
 func (p *Partition) dropWaiter(w *readWaiter) {

@@ -670,6 +670,44 @@ func TestRequestCloseSoon(t *testing.T) {
 	}
 }
 
+// TestWaitClosedAsksAgain: a reader waiting on a follower replica for a
+// revision to close asks the leader again while it waits, so a lost
+// request (none delivered: no leader yet, or the call failed) does not
+// leave it waiting forever on a partition that takes no writes.
+func TestWaitClosedAsksAgain(t *testing.T) {
+	fwd := make(chan int64, 64)
+	p, err := New(Config{ID: 100, Start: []byte{}, DB: openDB(t), Revisions: newFakeRevs(), Leases: allLeases{},
+		ForwardClose: func(rev int64) { fwd <- rev }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.WaitClosed(ctx, 5) }()
+	// The first request is lost; the reader must ask again.
+	for i := 0; i < 2; i++ {
+		select {
+		case got := <-fwd:
+			if got != 5 {
+				t.Fatalf("forwarded a close of %d, want 5", got)
+			}
+		case <-time.After(10 * closeRetryInterval):
+			t.Fatalf("%d close requests forwarded in %v while a reader waits, want another", i, 10*closeRetryInterval)
+		}
+	}
+	p.published(RevEvents{}, 5) // the leader's close applied here
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("WaitClosed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader still waits after the close applied")
+	}
+}
+
 // TestTwoWritesOfAKeyInOneTxnHavePrevKvsBeforeIt: a transaction that puts
 // a key and then deletes it (in a nested transaction) publishes both
 // events at its revision, and each one's prev_kv is the key before the

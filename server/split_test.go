@@ -328,7 +328,11 @@ func testSplitUnderLoad(t *testing.T, c *testutil.Cluster) {
 		var kvs []*mvccpb.KeyValue
 		deadline := time.Now().Add(20 * time.Second)
 		for {
-			resp, err := cl.Get(ctx, "/registry/pods/", clientv3.WithPrefix())
+			// A bounded try: a read that waits (say, for a close the
+			// restarted cluster lost) fails here instead of hanging.
+			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := cl.Get(gctx, "/registry/pods/", clientv3.WithPrefix())
+			gcancel()
 			if err == nil {
 				kvs = resp.Kvs
 				break
