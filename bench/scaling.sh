@@ -368,6 +368,63 @@ brain_work() {
 		END { for (i = 1; i <= 22; i++) printf "%.0f%s", v[i], (i < 22 ? " " : "\n") }' "$1"
 }
 
+# raft_waits BEFORE AFTER: where the raft batches between nodes waited
+# from one metrics snapshot (node_metrics) to the other, over all nodes:
+# p50 / p99 of brain_raft_send_queue_seconds (queued to taken by the
+# sender), _batch_transit_seconds (queued to read by the receiver) and
+# _inbox_wait_seconds (delivered to stepped), as their buckets' upper
+# bounds, and the node whose batches arrived latest (highest transit p50).
+raft_waits() {
+	awk '
+		FNR == 1 { f++ }
+		/^# node / { node = $3; next }
+		/^brain_raft_(send_queue|batch_transit|inbox_wait)_seconds_bucket\{/ {
+			m = $1; sub(/^brain_raft_/, "", m); sub(/_seconds_bucket.*/, "", m)
+			le = $1; sub(/.*le="/, "", le); sub(/".*/, "", le)
+			v = (f == 1 ? -$NF : $NF)
+			all[m, le] += v
+			if (!(le in seen)) { seen[le] = 1; les[++nle] = le }
+			if (m == "batch_transit") { per[node, le] += v; if (!(node in isnode)) { isnode[node] = 1; nodes[++nn] = node } }
+		}
+		function num(le) { return le == "+Inf" ? 1e300 : le + 0 }
+		function dur(le) {
+			if (le == "+Inf") return "more"
+			le += 0
+			return le < 1 ? sprintf("%.3g ms", le * 1000) : sprintf("%.3g s", le)
+		}
+		# quantile of the cumulative buckets arr[key, le]; "-" if empty
+		function qt(arr, key, frac,    i, tot) {
+			tot = arr[key, "+Inf"]
+			if (tot <= 0) return ""
+			for (i = 1; i <= nle; i++) if (arr[key, les[i]] >= frac * tot) return les[i]
+			return "+Inf"
+		}
+		function pair(arr, key,    a) {
+			a = qt(arr, key, 0.5)
+			return a == "" ? "no samples" : dur(a) " / " dur(qt(arr, key, 0.99))
+		}
+		END {
+			for (i = 2; i <= nle; i++) for (j = i; j > 1 && num(les[j]) < num(les[j - 1]); j--) { t = les[j]; les[j] = les[j - 1]; les[j - 1] = t }
+			worst = ""; wq = -1
+			for (i = 1; i <= nn; i++) { x = qt(per, nodes[i], 0.5); if (x != "" && num(x) > wq) { wq = num(x); worst = nodes[i]; wle = x } }
+			printf "p50 / p99 send queue %s, transit %s, inbox %s", pair(all, "send_queue"), pair(all, "batch_transit"), pair(all, "inbox_wait")
+			if (worst != "") printf "; latest arrivals at %s (transit p50 %s)", worst, dur(wle)
+			print ""
+		}' "$1" "$2"
+}
+
+# stepdowns KIND N: how often the leaders on KIND's N nodes (this
+# cluster's PREFIX) stepped down for want of a quorum since the nodes
+# started (raft's CheckQuorum warning in their logs).
+stepdowns() {
+	local i c total=0
+	for ((i = 1; i <= $2; i++)); do
+		c=$(docker logs "$PREFIX-$1$i" 2>&1 | grep -c "since quorum is not active" || true)
+		total=$((total + ${c:-0}))
+	done
+	echo "$total"
+}
+
 # node_metrics ENDPOINTS [PATH]: the /metrics (or PATH) of every node at
 # ENDPOINTS (comma separated), each after a "# node ENDPOINT" line; a node
 # that does not answer within 5 s adds nothing.
@@ -596,6 +653,8 @@ measure() {
 	fi
 	local b0 b1 c0 c1 t0 t1 io0 io1 bc0 bc1 w0="" w1
 	[[ $kind == brain* ]] && w0=$(brain_work "$OUT/$kind-$n-$workload$TAG.metrics-before")
+	local sd0=""
+	[[ -n $w0 ]] && sd0=$(stepdowns "$kind" "$n")
 	b0=$(host_busy)
 	c0=$(node_cpu "$kind" "$n")
 	io0=$(node_io "$kind" "$n")
@@ -641,6 +700,7 @@ measure() {
 	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$ops")"
 	if [[ -n $w0 ]]; then
 		say "$kind, $n node(s), $workload: per create: $(work_per_create "$w0" "$w1" "$ops")"
+		say "$kind, $n node(s), $workload: raft batches between nodes waited: $(raft_waits "$OUT/$kind-$n-$workload$TAG.metrics-before" "$OUT/$kind-$n-$workload$TAG.metrics-after"); $(($(stepdowns "$kind" "$n") - sd0)) CheckQuorum step-downs"
 	fi
 	# Past ~90% the host, not the nodes' shares, limits the measurement.
 	local busy
