@@ -23,6 +23,14 @@
 //     in one Send (grpc.go).
 //  6. Advance each RawNode; reschedule groups that still have work.
 //
+// The raft clock is one ticker for every group. Its goroutine yields
+// before it ticks, so a tick reaches the groups after the goroutines
+// already runnable, among them the readers of peers' batches that
+// arrived before it: on a node with more work than CPU, a timer's
+// goroutine would otherwise run at once while the network's input waits,
+// and leaders would find "no quorum active" with their followers'
+// answers unread. The clock slows as the node does.
+//
 // # State machines
 //
 // A group's StateMachine applies one committed command at a time. Apply

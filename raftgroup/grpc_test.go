@@ -17,68 +17,96 @@ import (
 	"google.golang.org/grpc"
 )
 
-// TestGRPCTransport runs a group over real gRPC connections on loopback:
-// replication, then a new replica caught up by a snapshot stream.
-func TestGRPCTransport(t *testing.T) {
-	var mu sync.Mutex
-	addrs := map[uint64]string{}
-	resolve := func(id uint64) (string, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		a, ok := addrs[id]
-		return a, ok
-	}
-	type gnode struct {
-		*testNode
-		srv *grpc.Server
-		tr  *GRPCTransport
-	}
-	start := func(id uint64, voters []uint64) *gnode {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		mu.Lock()
-		addrs[id] = l.Addr().String()
-		mu.Unlock()
-		db := openMem(t, vfs.NewMem())
-		cfg := testConfig(id)
-		cfg.MaxFollowerLag = 40
-		cfg.NewReplica = func(group uint64) (StateMachine, error) {
-			return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
-		}
-		conns := peerconn.New(resolve)
-		t.Cleanup(conns.Close)
-		tr := NewGRPCTransport(id, conns, testLogger())
-		h, err := NewHost(cfg, db, tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.Bind(h)
-		srv := grpc.NewServer(grpc.ForceServerCodecV2(rpccodec.New()))
-		RegisterService(srv, h)
-		go srv.Serve(l)
-		if voters != nil {
-			if _, err := h.CreateGroup(testGroup, voters, &snapCounter{counterSM: newCounterSM(t, db, testGroup), db: db}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		h.Start()
-		return &gnode{testNode: &testNode{id: id, db: db, host: h}, srv: srv, tr: tr}
-	}
-	var nodes []*gnode
-	for id := uint64(1); id <= 3; id++ {
-		nodes = append(nodes, start(id, []uint64{1, 2, 3}))
-	}
-	n4 := start(4, nil)
-	nodes = append(nodes, n4)
-	defer func() {
-		for _, n := range nodes {
+// grpcNode is a host whose transport is gRPC on loopback.
+type grpcNode struct {
+	*testNode
+	srv *grpc.Server
+	tr  *GRPCTransport
+}
+
+// grpcNodes starts hosts on loopback gRPC connections, each with its own
+// in-memory Pebble; change, if set, adjusts every host's configuration.
+// The hosts stop when the test ends.
+type grpcNodes struct {
+	t      *testing.T
+	change func(*Config)
+	mu     sync.Mutex
+	addrs  map[uint64]string
+	nodes  []*grpcNode
+}
+
+func newGRPCNodes(t *testing.T, change func(*Config)) *grpcNodes {
+	c := &grpcNodes{t: t, change: change, addrs: map[uint64]string{}}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
 			n.srv.Stop()
 			n.tr.Close()
 			n.host.Stop()
 		}
-	}()
+	})
+	return c
+}
+
+func (c *grpcNodes) resolve(id uint64) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a, ok := c.addrs[id]
+	return a, ok
+}
+
+// start starts node id; with voters it hosts a replica of testGroup.
+func (c *grpcNodes) start(id uint64, voters []uint64) *grpcNode {
+	t := c.t
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.addrs[id] = l.Addr().String()
+	c.mu.Unlock()
+	db := openMem(t, vfs.NewMem())
+	cfg := testConfig(id)
+	cfg.MaxFollowerLag = 40
+	if c.change != nil {
+		c.change(&cfg)
+	}
+	cfg.NewReplica = func(group uint64) (StateMachine, error) {
+		return &snapCounter{counterSM: newCounterSM(t, db, group), db: db}, nil
+	}
+	conns := peerconn.New(c.resolve)
+	t.Cleanup(conns.Close)
+	tr := NewGRPCTransport(id, conns, testLogger())
+	h, err := NewHost(cfg, db, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Bind(h)
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(rpccodec.New()))
+	RegisterService(srv, h)
+	go srv.Serve(l)
+	if voters != nil {
+		if _, err := h.CreateGroup(testGroup, voters, &snapCounter{counterSM: newCounterSM(t, db, testGroup), db: db}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Start()
+	n := &grpcNode{testNode: &testNode{id: id, db: db, host: h}, srv: srv, tr: tr}
+	c.mu.Lock()
+	c.nodes = append(c.nodes, n)
+	c.mu.Unlock()
+	return n
+}
+
+// TestGRPCTransport runs a group over real gRPC connections on loopback:
+// replication, then a new replica caught up by a snapshot stream.
+func TestGRPCTransport(t *testing.T) {
+	c := newGRPCNodes(t, nil)
+	var nodes []*grpcNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, c.start(id, []uint64{1, 2, 3}))
+	}
+	n4 := c.start(4, nil)
+	nodes = append(nodes, n4)
 	nodes[0].host.Group(testGroup).Campaign()
 	var gs []*Group
 	for _, n := range nodes[:3] {
@@ -225,4 +253,73 @@ func TestSendBatchesReadySenders(t *testing.T) {
 		t.Fatalf("%d messages came in %d batches: fewer than 4 a batch", msgs, batches)
 	}
 	t.Logf("%d messages in %d batches", msgs, batches)
+}
+
+// TestStarvedHostKeepsLeadership: on a node with more runnable goroutines
+// than CPU, Go runs a goroutine the network readied only after those
+// already runnable, while a timer's goroutine runs at once. The raft
+// clock must not outrun the peers' messages waiting that way: a group
+// whose replicas answer every message keeps its leader while every
+// replica's node is starved (here the three share one starved process).
+func TestStarvedHostKeepsLeadership(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	c := newGRPCNodes(t, func(cfg *Config) {
+		cfg.TickInterval = 20 * time.Millisecond
+		cfg.ElectionTicks = 10
+	})
+	var nodes []*grpcNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, c.start(id, []uint64{1, 2, 3}))
+	}
+	nodes[0].host.Group(testGroup).Campaign()
+	var gs []*Group
+	for _, n := range nodes {
+		gs = append(gs, n.host.Group(testGroup))
+	}
+	leader := waitLeader(t, gs...)
+	propose(t, leader, 10)
+	term := leader.Status().Term
+
+	// The load: a ring of goroutines passing tokens, each holding the
+	// thread for 100 µs per pass, so that about as many goroutines as
+	// tokens are runnable at any time (the handlers of a node's client
+	// requests, in production).
+	const ring, tokens, load = 400, 200, 3 * time.Second
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	chans := make([]chan struct{}, ring)
+	for i := range chans {
+		chans[i] = make(chan struct{}, tokens)
+	}
+	for i := range ring {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-chans[i]:
+				case <-stop:
+					return
+				}
+				for start := time.Now(); time.Since(start) < 100*time.Microsecond; {
+				}
+				chans[(i+1)%ring] <- struct{}{}
+			}
+		}()
+	}
+	for k := range tokens {
+		chans[k*ring/tokens] <- struct{}{}
+	}
+	time.Sleep(load)
+	close(stop)
+	wg.Wait()
+
+	if st := leader.Status(); !st.IsLeader || st.Term != term {
+		t.Fatalf("the leader of term %d lost its leadership while every node was starved: now term %d, leader %d", term, st.Term, st.Lead)
+	}
+	for _, n := range nodes {
+		if d := histogramCount(n.host.metrics.tickDelay); d == 0 {
+			t.Errorf("node %d: brain_raft_tick_delay_seconds has no samples", n.id)
+		}
+	}
 }

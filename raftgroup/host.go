@@ -257,11 +257,28 @@ func (h *Host) runTicker() {
 	t := time.NewTicker(h.cfg.TickInterval)
 	defer t.Stop()
 	for {
+		var fired time.Time
 		select {
 		case <-h.stopc:
 			return
-		case <-t.C:
+		case fired = <-t.C:
 		}
+		// The ticker's goroutine is woken by a timer, which Go runs at
+		// once; a goroutine woken by the network (a peer's raft batch,
+		// read by gRPC's reader) waits behind every goroutine already
+		// runnable: on a node with more work than CPU (a throttled
+		// container, a thousand client requests) that wait reaches
+		// seconds. A tick counted first would let a leader find "no
+		// quorum active" (CheckQuorum) while its followers' answers sat
+		// unread, and step down with every group it leads. Gosched puts
+		// this goroutine at the end of the same queue, so a tick reaches
+		// the groups after the batches that arrived before it fired
+		// (and, in a group's inbox, counts after them), and the raft
+		// clock runs at the pace at which the node reads its peers.
+		// Ticks that fire meanwhile are dropped (time.Ticker), so a
+		// starved node's election timeouts last longer in wall time.
+		runtime.Gosched()
+		h.metrics.tickDelay.Observe(time.Since(fired).Seconds())
 		h.ticks.Add(1)
 		h.mu.RLock()
 		for _, g := range h.mu.groups {

@@ -18,6 +18,7 @@ type metrics struct {
 	batchTransit      prometheus.Histogram
 	sendQueue         prometheus.Histogram
 	inboxWait         prometheus.Histogram
+	tickDelay         prometheus.Histogram
 	messagesReceived  *prometheus.CounterVec
 	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
 	heartbeatsSkipped prometheus.Counter
@@ -74,6 +75,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time inbound raft messages wait in a group's inbox, from the first one delivered to the group's worker stepping them.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
 		}),
+		tickDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "brain_raft_tick_delay_seconds",
+			Help:    "Time from the raft ticker firing to its tick reaching the groups, after the goroutines already runnable (as input from the network waits for them): how far the raft clock slows on a busy node.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 17),
+		}),
 		messagesReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "brain_raft_messages_received_total", Help: "Raft messages received from other nodes, by type (MsgApp, MsgHeartbeat, ...).",
 		}, []string{"type"}),
@@ -103,7 +109,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.sendQueue, m.inboxWait, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
