@@ -30,7 +30,7 @@
 # containers share the cores as in the 6-node run, and each node has as
 # many writes in flight as a node of the 6-node cluster (with a fixed
 # --clients, half as many as a node of one 3-node cluster; brain's cost
-# per write grows as that falls, see README's "Writes in flight per
+# per write grows as that falls, see bench/JOURNAL.md, "Writes in flight per
 # node"). So "6 nodes / 2 x 3 side by side" is what one bigger cluster
 # loses to cross-node work; it is not a measurement on machines of their
 # own.
@@ -64,7 +64,7 @@ CLIENTS=${CLIENTS:-256}           # concurrent workers (64 leaves brain latency-
 # >0: each cluster gets this many concurrent workers per node instead of
 # CLIENTS (the load grows with the cluster, as a bigger Kubernetes
 # cluster's does; with a fixed CLIENTS a bigger cluster has fewer writes
-# in flight per node, which costs brain more per write, see README)
+# in flight per node, which costs brain more per write, see bench/JOURNAL.md)
 CLIENTS_PER_NODE=${CLIENTS_PER_NODE:-0}
 CONNS=${CONNS:-32}                # gRPC connections
 VALUE_SIZE=${VALUE_SIZE:-1024}    # bytes per value
