@@ -588,7 +588,11 @@ func (h *Hub) withPrevValues(events []*mvccpb.Event) []*mvccpb.Event {
 const eventsField = 11<<3 | 2
 
 func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
-	enc := &encoded{}
+	// Sized first, so that the encoding is one allocation of its exact
+	// size (a revision's events are usually one, of a Kubernetes object).
+	sel := make([]*mvccpb.Event, 0, len(events))
+	sizes := make([]int, 0, len(events))
+	size := 0
 	for _, ev := range events {
 		if !s.matches(ev) {
 			continue
@@ -599,16 +603,38 @@ func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
 			ev = &c
 		}
 		n := ev.Size()
+		size += 1 + uvarintLen(uint64(n)) + n
+		sel = append(sel, ev)
+		sizes = append(sizes, n)
+	}
+	enc := &encoded{}
+	if len(sel) == 0 {
+		return enc
+	}
+	enc.b = make([]byte, 0, size)
+	enc.ends = make([]int, 0, len(sel))
+	for i, ev := range sel {
+		n := sizes[i]
 		enc.b = append(enc.b, eventsField)
 		enc.b = binary.AppendUvarint(enc.b, uint64(n))
 		off := len(enc.b)
-		enc.b = append(enc.b, make([]byte, n)...)
+		enc.b = enc.b[:off+n]
 		if _, err := ev.MarshalToSizedBuffer(enc.b[off:]); err != nil {
 			panic(err)
 		}
 		enc.ends = append(enc.ends, len(enc.b))
 	}
 	return enc
+}
+
+// uvarintLen is the length of v's uvarint encoding.
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
 }
 
 type entryHeap []*entry

@@ -63,8 +63,15 @@ func (s *recordingStream) Recv() (*pb.WatchRequest, error) {
 }
 func (s *recordingStream) Send(r *pb.WatchResponse) error { return s.record(r) }
 func (s *recordingStream) SendMsg(m any) error {
+	var b []byte
+	switch m := m.(type) {
+	case *rpccodec.Raw:
+		b = m.B
+	case *rpccodec.Pooled:
+		b = m.Bytes()
+	}
 	var r pb.WatchResponse
-	if err := r.Unmarshal(m.(*rpccodec.Raw).B); err != nil {
+	if err := r.Unmarshal(b); err != nil {
 		return err
 	}
 	return s.record(&r)

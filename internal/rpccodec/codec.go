@@ -18,6 +18,38 @@ const Name = "proto"
 // Raw is a message already in wire format.
 type Raw struct{ B []byte }
 
+// Pooled is a message already in wire format, written into a buffer of
+// gRPC's buffer pool, which gRPC puts back once it has written the
+// message: for large messages sent often (watch responses), whose fresh
+// buffers would cost the garbage collector and page faults. Write the
+// message into Buf, keep it within Buf's capacity, and send it once
+// (Message); touch neither afterwards.
+type Pooled struct {
+	// Buf has room for the message (len 0, cap at least the size asked).
+	Buf  []byte
+	pool *[]byte
+}
+
+// NewPooled returns a Pooled message with room for size bytes.
+func NewPooled(size int) *Pooled {
+	p := mem.DefaultBufferPool().Get(size)
+	return &Pooled{Buf: (*p)[:0], pool: p}
+}
+
+// Bytes is the message Message made (for fakes of a stream in tests:
+// gRPC may have put the buffer back by the time SendMsg returned).
+func (p *Pooled) Bytes() []byte { return *p.pool }
+
+// Message returns what to send: b (Buf with the message appended) in the
+// pooled buffer, or, if b outgrew it, b as a Raw message.
+func (p *Pooled) Message(b []byte) any {
+	if len(b) == 0 || cap(b) != cap(*p.pool) || &b[:1][0] != &(*p.pool)[:1][0] {
+		return &Raw{B: b}
+	}
+	*p.pool = (*p.pool)[:len(b)]
+	return p
+}
+
 // Binary is a message that marshals itself.
 type Binary interface {
 	Marshal() ([]byte, error)
@@ -35,6 +67,8 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
 	case *Raw:
 		return mem.BufferSlice{mem.SliceBuffer(m.B)}, nil
+	case *Pooled:
+		return mem.BufferSlice{mem.NewBuffer(m.pool, mem.DefaultBufferPool())}, nil
 	case scattered:
 		parts := m.MarshalScattered()
 		bs := make(mem.BufferSlice, len(parts))
