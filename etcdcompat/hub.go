@@ -593,6 +593,7 @@ func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
 	sel := make([]*mvccpb.Event, 0, len(events))
 	sizes := make([]int, 0, len(events))
 	size := 0
+	var lenBuf [binary.MaxVarintLen64]byte
 	for _, ev := range events {
 		if !s.matches(ev) {
 			continue
@@ -603,7 +604,7 @@ func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
 			ev = &c
 		}
 		n := ev.Size()
-		size += 1 + uvarintLen(uint64(n)) + n
+		size += 1 + binary.PutUvarint(lenBuf[:], uint64(n)) + n
 		sel = append(sel, ev)
 		sizes = append(sizes, n)
 	}
@@ -627,15 +628,6 @@ func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
 	return enc
 }
 
-// uvarintLen is the length of v's uvarint encoding.
-func uvarintLen(v uint64) int {
-	n := 1
-	for v >= 0x80 {
-		v >>= 7
-		n++
-	}
-	return n
-}
 
 type entryHeap []*entry
 
