@@ -628,7 +628,6 @@ func encodeEvents(events []*mvccpb.Event, s *shape) *encoded {
 	return enc
 }
 
-
 type entryHeap []*entry
 
 func (h entryHeap) Len() int           { return len(h) }
