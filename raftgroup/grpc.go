@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/internal/peerconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
 )
@@ -403,6 +404,11 @@ func (p *peer) run() {
 	var stream grpc.ClientStream
 	var cancel context.CancelFunc
 	backoff := 10 * time.Millisecond
+	var sent *sentCounters
+	if p.t.host != nil {
+		to := fmt.Sprintf("%x", p.to)
+		sent = &sentCounters{p.t.host.metrics.batchesSent.WithLabelValues(to), p.t.host.metrics.messagesSent.WithLabelValues(to)}
+	}
 	for {
 		p.mu.Lock()
 		if len(p.queue) == 0 && !p.closed {
@@ -456,9 +462,17 @@ func (p *peer) run() {
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
+		if sent != nil {
+			sent.batches.Inc()
+			sent.messages.Add(float64(len(batch)))
+		}
 		backoff = 10 * time.Millisecond
 	}
 }
+
+// sentCounters count what a peer's sender sent
+// (brain_raft_batches_sent_total and _messages_sent_total).
+type sentCounters struct{ batches, messages prometheus.Counter }
 
 // unreachable tells raft the peer did not get messages, so it backs off
 // replicating to it.

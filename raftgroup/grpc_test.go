@@ -2,6 +2,7 @@ package raftgroup
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"runtime"
 	"slices"
@@ -134,6 +135,28 @@ func TestGRPCTransport(t *testing.T) {
 		}
 		if c := histogramCount(m.inboxWait); c == 0 {
 			t.Errorf("node %d: brain_raft_inbox_wait_seconds has no samples", n.id)
+		}
+	}
+	// The leader sends to every other node, and they answer it; the
+	// learner never campaigns, so it sends to the leader only. Every
+	// counted batch carries a message.
+	leaderID := leader.Status().Lead
+	sent := func(from *grpcNode, to uint64) (batches, msgs float64) {
+		l := fmt.Sprintf("%x", to)
+		return counterValue(from.host.metrics.batchesSent.WithLabelValues(l)), counterValue(from.host.metrics.messagesSent.WithLabelValues(l))
+	}
+	for _, n := range nodes {
+		for _, to := range []uint64{1, 2, 3, 4} {
+			if to == n.id {
+				continue
+			}
+			b, msgs := sent(n, to)
+			switch {
+			case (n.id == leaderID || to == leaderID) && (b == 0 || msgs < b):
+				t.Errorf("node %d to %d: %v batches, %v messages sent; want batches of at least one message", n.id, to, b, msgs)
+			case n.id == 4 && to != leaderID && b != 0:
+				t.Errorf("the learner sent %v batches to %d, not the leader (%d)", b, to, leaderID)
+			}
 		}
 	}
 }

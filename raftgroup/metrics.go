@@ -15,6 +15,8 @@ type metrics struct {
 	snapshotsSent     prometheus.Counter
 	snapshotsReceived prometheus.Counter
 	batchesReceived   prometheus.Counter
+	batchesSent       *prometheus.CounterVec
+	messagesSent      *prometheus.CounterVec
 	batchTransit      prometheus.Histogram
 	sendQueue         prometheus.Histogram
 	inboxWait         prometheus.Histogram
@@ -60,6 +62,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_batches_received_total", Help: "Batches of raft messages received from other nodes (one per sender's send).",
 		}),
+		batchesSent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brain_raft_batches_sent_total", Help: "Batches of raft messages sent to other nodes (one per send), by destination member ID.",
+		}, []string{"to"}),
+		messagesSent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brain_raft_messages_sent_total", Help: "Raft messages sent to other nodes, by destination member ID.",
+		}, []string{"to"}),
 		batchTransit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "brain_raft_batch_transit_seconds",
 			Help:    "Time from a raft batch's oldest message being queued for this node on its sender to the batch being read here (sender's queue, gRPC and network, by the two nodes' wall clocks; 0 when the receiver's is behind).",
@@ -109,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
