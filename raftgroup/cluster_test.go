@@ -226,6 +226,29 @@ func TestAddAndRemoveReplicas(t *testing.T) {
 		t.Fatalf("learners %v right after adding learner 4", st.Learners)
 	}
 	waitCount(t, n4, 200)
+	// Read-index rounds are won by the voters' answers and send the
+	// learner none of their heartbeats.
+	var readHBs, learnerReadHBs atomic.Int64
+	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
+		if m.Group == testGroup && m.Msg.Type == raftpb.MsgHeartbeat && len(m.Msg.Context) > 0 {
+			readHBs.Add(1)
+			if to == 4 {
+				learnerReadHBs.Add(1)
+			}
+		}
+		return true
+	})
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := leader.ReadIndex(ctx); err != nil {
+			t.Fatalf("ReadIndex with a learner: %v", err)
+		}
+		cancel()
+	}
+	tr.SetFilter(nil)
+	if readHBs.Load() == 0 || learnerReadHBs.Load() != 0 {
+		t.Fatalf("5 read-index rounds sent %d heartbeats, %d of them to the learner; want some, none to it", readHBs.Load(), learnerReadHBs.Load())
+	}
 	changeConf(t, leader, raftpb.ConfChangeAddNode, 4)
 	if st := leader.Status(); !slices.Contains(st.Voters, 4) || slices.Contains(st.Learners, 4) {
 		t.Fatalf("voters %v, learners %v right after promoting 4", st.Voters, st.Learners)
@@ -838,7 +861,7 @@ func TestHeartbeatNeedless(t *testing.T) {
 
 // TestLearnerHeartbeatNeedless checks that a learner gets one heartbeat
 // in learnerHeartbeatEvery whether or not appends flow, a voter's follow
-// the append rule, and read-index heartbeats always go.
+// the append rule, and read-index heartbeats go to voters only.
 func TestLearnerHeartbeatNeedless(t *testing.T) {
 	g := Group{conf: raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}}
 	sent := map[uint64]int{}
@@ -859,9 +882,11 @@ func TestLearnerHeartbeatNeedless(t *testing.T) {
 	if sent[2] != 3*learnerHeartbeatEvery || sent[4] != 3 {
 		t.Fatalf("heartbeats sent over %d ticks: %d to the voter, %d to the learner; want %d and 3", 3*learnerHeartbeatEvery, sent[2], sent[4], 3*learnerHeartbeatEvery)
 	}
-	read := raftpb.Message{Type: raftpb.MsgHeartbeat, To: 4, Context: []byte("read")}
-	if g.heartbeatNeedless(&read) {
-		t.Fatal("a read-index heartbeat to a learner left out")
+	for _, to := range []uint64{2, 4} {
+		read := raftpb.Message{Type: raftpb.MsgHeartbeat, To: to, Context: []byte("read")}
+		if needless, learner := g.heartbeatNeedless(&read), to == 4; needless != learner {
+			t.Fatalf("a read-index heartbeat to node %d (learner %v): needless %v", to, learner, needless)
+		}
 	}
 	// The learner is promoted and node 2 removed: what was kept about
 	// them goes.
