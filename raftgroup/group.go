@@ -774,10 +774,10 @@ func (g *Group) heartbeatNeedless(m *raftpb.Message) bool {
 		}
 		g.appended[m.To] = true
 	case raftpb.MsgHeartbeat:
-		if len(m.Context) > 0 && slices.Contains(g.conf.Learners, m.To) {
-			return true // a read-index round counts voters' answers only
-		}
-		if len(m.Context) == 0 && slices.Contains(g.conf.Learners, m.To) {
+		if slices.Contains(g.conf.Learners, m.To) {
+			if len(m.Context) > 0 {
+				return true // a read-index round counts voters' answers only
+			}
 			if g.learnerQuiet == nil {
 				g.learnerQuiet = make(map[uint64]int)
 			}
