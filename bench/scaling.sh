@@ -83,6 +83,20 @@ HASHED=${HASHED:-1}               # 1: brainbench --hashed-names (writes anywher
 # over the nodes: one per kube-apiserver, as each keeps a watch per
 # resource. Both systems serve them. 0: none.
 RESOURCE_WATCHERS=${RESOURCE_WATCHERS:-1}
+# Where the resource watches start: brainbench puts watch i on endpoint
+# i mod N, so with one watch (the one-prefix load watches one resource)
+# it is on the first endpoint. 1: the measured run's endpoints are
+# rotated so the first is a node without the cluster's central duty
+# (brain: leading neither the TSO nor the meta group; etcd: not the
+# leader), the same in every cluster. 0: n1, whatever it leads. A
+# brain node's member ID hashes its peer address, so which node leads
+# the TSO varies from cluster to cluster, and with watch-apart 0 it was
+# the watch's node in 6 of 22 6-node clusters measured on 2026-12-05;
+# that node was then saturated while the others used 50-60% of their
+# share, which moved a paired comparison by several percent either way
+# (bench/JOURNAL.md, "The balancer at rest, and the TSO beside the
+# watch").
+WATCH_APART=${WATCH_APART:-1}
 # Extra brainnode flags. The default: with resource watches, a node merges
 # only the partitions they cover on it, from 5 s after its start (it
 # merges every partition until then); without, every node merges every
@@ -146,7 +160,7 @@ NETWORK=${NETWORK:-bridge}        # bridge: nodes on a private bridge network; h
 TOGETHER=${TOGETHER:-0}           # 1: the sizes of a round are measured at the same time, one cluster of each (see above; SIDE_BY_SIDE is ignored; not with AGAINST)
 AGAINST=${AGAINST:-}              # a git revision: measure brain built from it next to this tree's, at the same time (see above; SYSTEMS and SIDE_BY_SIDE are ignored)
 
-FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK TOGETHER AGAINST"
+FLAG_VARS="SIZES CPUS CPU_PERIOD MEMORY CLIENTS CLIENTS_PER_NODE CONNS VALUE_SIZE TOTAL WARMUP RESOURCES RESOURCE_WATCHERS WATCH_APART HOT SPREAD SIDE_BY_SIDE SYSTEMS OUT SEED HASHED BRAIN_FLAGS HOT_FLAGS HOT_WARMUP HOT_SETTLE HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE GOMAXPROCS_NODES NETWORK TOGETHER AGAINST"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -158,7 +172,7 @@ if [[ -z $BRAIN_FLAGS ]]; then
 		BRAIN_FLAGS="--log-level warn --watch-feeds-idle-after 5s"
 	fi
 fi
-for v in TOGETHER CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
+for v in TOGETHER CLIENTS CLIENTS_PER_NODE CONNS TOTAL WARMUP RESOURCE_WATCHERS WATCH_APART HOT_BALANCE HOT_MEASURE HOT_RAMP HOT_PLACEMENT_MAX REPEAT SETTLE SETTLE_MAX PROFILE IDLE; do
 	if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
 		echo "scaling.sh: --$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not ${!v}" >&2
 		exit 2
@@ -436,6 +450,52 @@ node_metrics() {
 	done
 }
 
+# duty_nodes KIND ENDPOINTS: the 1-based positions, in ENDPOINTS (comma
+# separated), of the nodes with the cluster's central duty, one per line:
+# brain's leaders of the TSO (group 1) and the meta group (group 2), or
+# etcd's leader.
+duty_nodes() {
+	local pat='^brain_raft_is_leader\{group="[12]"\} 1$'
+	[[ $1 == etcd* ]] && pat='^etcd_server_is_leader 1$'
+	node_metrics "$2" | awk -v pat="$pat" '/^# node / { i++ } $0 ~ pat { print i }' | sort -un
+}
+
+# watch_endpoints KIND ENDPOINTS: ENDPOINTS rotated so that the first (where
+# brainbench's first resource watch goes) is a node without the cluster's
+# central duty (see WATCH_APART); as given when every node has one, or
+# under --watch-apart 0.
+watch_endpoints() {
+	local eps duty i
+	IFS=, read -r -a eps <<<"$2"
+	if ((WATCH_APART == 0 || RESOURCE_WATCHERS == 0)); then
+		echo "$2"
+		return
+	fi
+	duty=" $(duty_nodes "$1" "$2" | tr '\n' ' ') "
+	for ((i = 0; i < ${#eps[@]}; i++)); do
+		if [[ $duty != *" $((i + 1)) "* ]]; then
+			(IFS=,; echo "${eps[*]:i},${eps[*]:0:i}" | sed 's/,$//')
+			return
+		fi
+	done
+	echo "$2"
+}
+
+# duties_report BEFORE AFTER: who had the central duties as a window
+# ended and who served the resource watches during it, from the node
+# metrics sampled as it began and ended (nodes n1.. in EPS order): brain's
+# TSO and meta leaders, and the nodes whose watch responses grew.
+duties_report() {
+	awk '
+		FNR == 1 { f++; n = 0 }
+		/^# node / { n++ }
+		f == 1 && /^brain_watch_responses_total / { before[n] = $NF }
+		f == 2 && /^brain_raft_is_leader\{group="1"\} 1$/ { tso = tso " n" n }
+		f == 2 && /^brain_raft_is_leader\{group="2"\} 1$/ { meta = meta " n" n }
+		f == 2 && /^brain_watch_responses_total / && $NF > before[n] { w = w " n" n }
+		END { printf "TSO leader%s, meta leader%s, watches served by%s", (tso == "" ? " none" : tso), (meta == "" ? " none" : meta), (w == "" ? " none" : w) }' "$1" "$2"
+}
+
 # leaderships_gained ENDPOINTS: the leaderships of groups the nodes at
 # ENDPOINTS (comma separated) gained since they started, summed.
 leaderships_gained() {
@@ -645,6 +705,14 @@ measure() {
 		run=(--total 0 --duration "$((HOT_RAMP + HOT_MEASURE))s" --measure-last "${HOT_MEASURE}s" --window-file "$win" --max-errors 1000000000)
 		say "$kind, $n node(s), $workload: creates for $((HOT_RAMP + HOT_MEASURE))s, the last ${HOT_MEASURE}s measured"
 	fi
+	# The watches' node, chosen as the run starts (WATCH_APART).
+	local weps
+	weps=$(watch_endpoints "$kind" "$EPS")
+	if [[ $weps != "$EPS" ]]; then
+		bench_args "$weps" "$(clients_for "$n" 1)" "$CONNS"
+		common=("${BENCH_ARGS[@]}")
+		say "$kind, $n node(s), $workload: resource watches from n$(($(tr , '\n' <<<"$EPS" | grep -nxF "${weps%%,*}" | cut -d: -f1))), which leads no central group"
+	fi
 	barrier "$kind, $n node(s), $workload"
 	"$BIN/brainbench" create "${common[@]}" "${run[@]}" --resources "$res" --json-out "$json" &
 	bpid=$!
@@ -696,6 +764,7 @@ measure() {
 	local ops=$TOTAL
 	((steady == 0)) || ops=$(json_field ops "$json")
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
+	[[ -n $w0 ]] && say "$kind, $n node(s), $workload: duties: $(duties_report "$OUT/$kind-$n-$workload$TAG.metrics-before" "$OUT/$kind-$n-$workload$TAG.metrics-after")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$ops")"
 	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$ops")"
 	if [[ -n $w0 ]]; then
