@@ -47,6 +47,9 @@ import (
 //     rotation's) if that does not leave the preferred node busier than
 //     this one is now by more than the slack: target load + rate <= own
 //     load + slack. With no load anywhere this is the plain rotation.
+//     While there is load, only a partition that takes none (no writes
+//     in its last window and none remembered) moves so: one that takes
+//     writes moves by the load rule alone (see pickLeader).
 //     This rule compares the current loads and also remembered loads
 //     (both must allow the move): each partition's rate is
 //     remembered as the larger of its last window's and its remembered
@@ -56,10 +59,13 @@ import (
 //     the current loads all fall to zero, and compared by them every
 //     leadership a load move placed would go back to its preferred node
 //     within a window, and move again for load once the writes resume:
-//     two pauses of the partition's writes for nothing each time.
+//     two pauses of the partition's writes for nothing each time. The
+//     remembered loads say there is load through such a pause, so the
+//     partitions that took writes stay where they are.
 //
 // The two rules do not undo each other: a preferred-node move never
-// creates the imbalance a load move corrects. Slack (10% of the node's
+// creates the imbalance a load move corrects, and under load it moves
+// no partition a load move could have placed. Slack (10% of the node's
 // load, at least one write a second) keeps nodes with nearly equal loads
 // from trading partitions. The TSO and meta groups take no partition
 // writes and always go to their preferred node.
@@ -405,9 +411,26 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 	// yet while there is load: its load is low by an unknown amount (it
 	// may have just received a load move; the simulation saw the other
 	// half of a split follow the first there, and both come back).
+	//
+	// And while there is load, only a partition that takes none (no
+	// writes in its last window, none remembered) goes to its preferred
+	// node; one that takes writes moves by the load rule alone. The
+	// rules answer different questions - the load rule whether a move
+	// evens the loads out by more than the slack, the preferred rule
+	// whether the rotation can be restored without unevening them by
+	// more than the slack - and loads measured over a few seconds of a
+	// starved node move by more than the slack from window to window
+	// (the transfers themselves pause writes), so under a steady load the
+	// two took turns with the same partitions: in a 6-node one-prefix
+	// benchmark run a partition moved for load and was handed back to its
+	// preferred node 5-8 s later, four times in 4 minutes, and 25-53
+	// leaderships moved by transfer in each 240 s window (6-16 with this
+	// rule; bench/JOURNAL.md, "The balancer at rest"). Under load the
+	// rotation has nothing to add: where leaders go is the load rule's.
 	ownRecent := v.recentOf(self)
 	if pref != self && slices.Contains(candidates, pref) &&
 		(!unsettled[pref] || !v.anyLoad()) &&
+		(!v.anyLoad() || (rate == 0 && recent < minLoadSlack)) &&
 		loads[pref]+rate <= own+slack &&
 		v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
 		return pref, false

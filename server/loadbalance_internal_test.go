@@ -27,7 +27,10 @@ func TestPickLeader(t *testing.T) {
 		{name: "busy here but load moves paused", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, cands: []uint64{2, 3}},
 		{name: "a move that would only swap the imbalance: stay", pref: 1, rate: 500, loads: map[uint64]float64{1: 500, 2: 100, 3: 400}, cands: []uint64{2, 3}, byLoad: true},
 		{name: "preferred node busier: stay", pref: 2, rate: 300, loads: map[uint64]float64{1: 400, 2: 600, 3: 500}, cands: []uint64{2, 3}, byLoad: true},
-		{name: "preferred node within the slack: move there", pref: 2, rate: 10, loads: map[uint64]float64{1: 400, 2: 420, 3: 405}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "under load, a partition taking writes: not to the preferred node within the slack", pref: 2, rate: 10, loads: map[uint64]float64{1: 400, 2: 420, 3: 405}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "under load, a partition taking writes: not to a less loaded preferred node within the slack either", pref: 2, rate: 10, loads: map[uint64]float64{1: 400, 2: 380, 3: 405}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "under load, an idle partition: to the preferred node within the slack", pref: 2, loads: map[uint64]float64{1: 400, 2: 420, 3: 405}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "under load, an idle partition: not to a preferred node busier by more than the slack", pref: 2, loads: map[uint64]float64{1: 400, 2: 500, 3: 405}, cands: []uint64{2, 3}, byLoad: true},
 		{name: "equal loads: the preferred node first", pref: 3, rate: 100, loads: map[uint64]float64{1: 500, 2: 0, 3: 0}, cands: []uint64{2, 3}, byLoad: true, to: 3, forLoad: true},
 		{name: "equal loads: then the lowest ID", pref: 1, rate: 100, loads: map[uint64]float64{1: 500, 2: 0, 3: 0}, cands: []uint64{3, 2}, byLoad: true, to: 2, forLoad: true},
 		{name: "idle partition on a busy node: no load move", pref: 1, rate: 0, loads: map[uint64]float64{1: 900, 2: 0}, cands: []uint64{2}, byLoad: true},
@@ -35,7 +38,8 @@ func TestPickLeader(t *testing.T) {
 		{name: "least loaded voter unsettled: the next one", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, unsettled: map[uint64]bool{3: true}, cands: []uint64{2, 3}, byLoad: true, to: 2, forLoad: true},
 		{name: "every voter unsettled: no load move", pref: 1, rate: 400, loads: map[uint64]float64{1: 900, 2: 100, 3: 0}, unsettled: map[uint64]bool{2: true, 3: true}, cands: []uint64{2, 3}, byLoad: true},
 		{name: "writes paused: the remembered loads keep a load move", pref: 2, recentRate: 300, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 2: 500}, cands: []uint64{2, 3}, byLoad: true},
-		{name: "writes paused, the preferred node was idle: move there", pref: 2, recentRate: 100, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 3: 500}, cands: []uint64{2, 3}, byLoad: true, to: 2},
+		{name: "writes paused, the preferred node was idle: a partition that took writes stays", pref: 2, recentRate: 100, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 3: 500}, cands: []uint64{2, 3}, byLoad: true},
+		{name: "writes paused: an idle partition goes to its preferred node", pref: 2, loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300, 3: 500}, cands: []uint64{2, 3}, byLoad: true, to: 2},
 		{name: "a node publishing no remembered load: its current one counts", pref: 2, rate: 100, loads: map[uint64]float64{1: 300, 2: 500}, recent: map[uint64]float64{1: 300}, cands: []uint64{2, 3}},
 		{name: "unsettled preferred node: the rotation still applies", pref: 2, loads: map[uint64]float64{}, unsettled: map[uint64]bool{2: true}, cands: []uint64{2, 3}, byLoad: true, to: 2},
 		{name: "unsettled preferred node under load: stay", pref: 2, rate: 10, loads: map[uint64]float64{1: 300, 2: 100, 3: 300}, unsettled: map[uint64]bool{2: true}, cands: []uint64{2, 3}, byLoad: true},
@@ -195,21 +199,26 @@ func TestLoadMoveNeedsConfirmation(t *testing.T) {
 }
 
 // TestMovedUpdatesRememberedLoads: within one balancer round, a
-// leadership handed to its preferred node counts in that node's
-// remembered load for the next decision, so a round with the writes
-// paused does not hand the preferred node every partition it prefers.
+// leadership that moved counts in its new node's current and remembered
+// loads for the next decision, and no longer in the old one's. With the
+// writes paused, a partition that took writes stays where it is (its
+// remembered rate says there is load), so a pause hands the preferred
+// nodes nothing.
 func TestMovedUpdatesRememberedLoads(t *testing.T) {
-	v := loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300}, unsettled: map[uint64]bool{}}
-	to, _ := pickLeader(1, 2, 0, 150, v, []uint64{2}, true)
-	if to != 2 {
-		t.Fatalf("the first partition went to %d, want its preferred node 2", to)
+	v := loadView{loads: map[uint64]float64{1: 200}, recent: map[uint64]float64{1: 300}, unsettled: map[uint64]bool{}}
+	v.moved(1, 2, 50, 150)
+	if v.loads[1] != 150 || v.loads[2] != 50 {
+		t.Fatalf("loads after the move: %v, want 150 and 50", v.loads)
 	}
-	v.moved(1, 2, 0, 150)
 	if v.recentOf(1) != 150 || v.recentOf(2) != 150 {
 		t.Fatalf("remembered loads after the move: %v, want 150 each", v.recent)
 	}
-	if to, _ := pickLeader(1, 2, 0, 150, v, []uint64{2}, true); to != 0 {
-		t.Fatalf("the second partition went to %d too, which leaves node 2 twice as busy as node 1 was", to)
+	paused := loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{1: 300}, unsettled: map[uint64]bool{}}
+	if to, _ := pickLeader(1, 2, 0, 150, paused, []uint64{2}, true); to != 0 {
+		t.Fatalf("with the writes paused, a partition that took writes went to its preferred node %d", to)
+	}
+	if to, _ := pickLeader(1, 2, 0, 0, paused, []uint64{2}, true); to != 2 {
+		t.Fatalf("with the writes paused, an idle partition went to %d, want its preferred node 2", to)
 	}
 }
 
