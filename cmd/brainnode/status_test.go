@@ -108,24 +108,33 @@ func TestMoveReplica(t *testing.T) {
 	cl := testutil.Client(t, c.Endpoint(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// group reports partition 100 as its leader sees it. A leadership
+	// transfer by the balancer leaves a moment in which no node reports
+	// itself leader, so group asks again for a while before giving up.
 	group := func() server.GroupStatus {
 		t.Helper()
-		out, err := runCmd(t, "status", "-w", "json", "--endpoints", all)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var views []server.NodeStatus
-		if err := json.Unmarshal([]byte(out), &views); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range views {
-			for _, g := range v.Groups {
-				if g.Group == 100 && g.Role == "leader" {
-					return g
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			out, err := runCmd(t, "status", "-w", "json", "--endpoints", all)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var views []server.NodeStatus
+			if err := json.Unmarshal([]byte(out), &views); err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range views {
+				for _, g := range v.Groups {
+					if g.Group == 100 && g.Role == "leader" {
+						return g
+					}
 				}
 			}
+			if time.Now().After(deadline) {
+				t.Fatal("no node reports itself leader of partition 100")
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		return server.GroupStatus{}
 	}
 	var start int64
 	deadline := time.Now().Add(30 * time.Second)
@@ -179,6 +188,9 @@ func TestMoveReplica(t *testing.T) {
 			case (id == g.Leader) == fromLeader:
 				from = id
 			}
+		}
+		if from == "" || to == "" {
+			t.Fatalf("no replica to move: voters %v, leader %s, members %v", g.Voters, g.Leader, name)
 		}
 		if out, err := runCmd(t, "move-replica", "--endpoints", all, "--group", "100", "--from", name[from], "--to", name[to]); err != nil {
 			t.Fatalf("move-replica from %s to %s: %v (%s)", name[from], name[to], err, out)
