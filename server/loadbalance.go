@@ -414,23 +414,17 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 	//
 	// And while there is load, only a partition that takes none (no
 	// writes in its last window, none remembered) goes to its preferred
-	// node; one that takes writes moves by the load rule alone. The
-	// rules answer different questions - the load rule whether a move
-	// evens the loads out by more than the slack, the preferred rule
-	// whether the rotation can be restored without unevening them by
-	// more than the slack - and loads measured over a few seconds of a
-	// starved node move by more than the slack from window to window
-	// (the transfers themselves pause writes), so under a steady load the
-	// two took turns with the same partitions: in a 6-node one-prefix
-	// benchmark run a partition moved for load and was handed back to its
-	// preferred node 5-8 s later, four times in 4 minutes, and 25-53
-	// leaderships moved by transfer in each 240 s window (6-16 with this
-	// rule; bench/JOURNAL.md, "The balancer at rest"). Under load the
-	// rotation has nothing to add: where leaders go is the load rule's.
+	// node; one that takes writes moves by the load rule alone. Loads
+	// measured over a few seconds of a starved node move by more than
+	// the slack between the two rules' conditions from window to window,
+	// so under a steady load they took turns with the same partitions (a
+	// load move handed back 5-8 s later; bench/JOURNAL.md, "The balancer
+	// at rest"; TestNoisyLoadSettles).
+	loaded := v.anyLoad()
+	idle := rate == 0 && recent < minLoadSlack
 	ownRecent := v.recentOf(self)
 	if pref != self && slices.Contains(candidates, pref) &&
-		(!unsettled[pref] || !v.anyLoad()) &&
-		(!v.anyLoad() || (rate == 0 && recent < minLoadSlack)) &&
+		(!loaded || (idle && !unsettled[pref])) &&
 		loads[pref]+rate <= own+slack &&
 		v.recentOf(pref)+recent <= ownRecent+max(minLoadSlack, loadSlack*ownRecent) {
 		return pref, false

@@ -55,7 +55,7 @@ type balanceSim struct {
 	across    bool
 	moveDelay time.Duration
 	// noise is how far a measured rate strays from the true one, as a
-	// fraction either way (0: 0.1).
+	// fraction either way.
 	noise        float64
 	now          time.Duration
 	movingUntil  map[int]time.Duration
@@ -103,7 +103,7 @@ func newBalanceSim(seed uint64, n int, hot float64, loadFor time.Duration) *bala
 func newBalanceSimParts(seed uint64, n, parts int, hot float64, loadFor time.Duration) *balanceSim {
 	r := rand.New(rand.NewPCG(seed, 7))
 	s := &balanceSim{n: n, hot: hot, r: r, fullWindows: true, loadPlaced: map[int]bool{}, movedFrom: map[int]simMoved{},
-		moveDelay: 5 * time.Second, movingUntil: map[int]time.Duration{}, prefer: map[int]int{}}
+		moveDelay: 5 * time.Second, noise: 0.1, movingUntil: map[int]time.Duration{}, prefer: map[int]int{}}
 	s.L = time.Duration(20+r.IntN(10)) * time.Second
 	s.E = s.L + loadFor + time.Duration(r.IntN(10))*time.Second
 	for p := range parts {
@@ -132,18 +132,14 @@ func (s *balanceSim) voters(p int) []int {
 }
 
 // measured is partition p's write rate over the window [a, b), with
-// noise (10% unless s.noise says otherwise).
+// s.noise.
 func (s *balanceSim) measured(p int, a, b time.Duration) float64 {
 	lo, hi := max(a, s.L), min(b, s.E)
 	if hi <= lo {
 		return 0
 	}
-	noise := s.noise
-	if noise == 0 {
-		noise = 0.1
-	}
 	rate := simRate * s.weight[p]
-	return rate * (1 - noise + 2*noise*s.r.Float64()) * float64(hi-lo) / float64(b-a)
+	return rate * (1 - s.noise + 2*s.noise*s.r.Float64()) * float64(hi-lo) / float64(b-a)
 }
 
 // own is node i's leader load now, as ownLoad computes it.
