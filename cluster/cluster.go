@@ -22,6 +22,9 @@ type NodeInfo struct {
 	PeerAddr   string   `json:"peer"`   // host:port of the internal gRPC service (raft, kvapi)
 	ClientURLs []string `json:"client"` // etcd API URLs
 	Leads      []uint64 `json:"leads"`  // raft groups this node leads
+	// LeadsOmitted is set when Leads did not fit in the gossip message
+	// and was left out: the node leads groups it does not list.
+	LeadsOmitted bool `json:"leads_omitted,omitempty"`
 	// NodeLoad is the node's leader write load; its fields travel at the
 	// top level of the JSON ("load", "unmeasured", "windows").
 	NodeLoad
@@ -190,21 +193,13 @@ func (m *Membership) Stop() {
 	_ = m.ml.Shutdown()
 }
 
-// SetLeads publishes the groups this node leads.
-func (m *Membership) SetLeads(groups []uint64) {
+// SetLeadsAndLoad publishes the groups this node leads and its leader
+// load in one gossip message, so no node sees the leaderships with a load
+// from before them (see Published).
+func (m *Membership) SetLeadsAndLoad(groups []uint64, l NodeLoad) {
 	m.mu.Lock()
-	same := fmt.Sprint(m.mu.self.Leads) == fmt.Sprint(groups)
+	same := fmt.Sprint(m.mu.self.Leads) == fmt.Sprint(groups) && m.mu.self.NodeLoad == l
 	m.mu.self.Leads = append([]uint64(nil), groups...)
-	m.mu.Unlock()
-	if !same {
-		_ = m.ml.UpdateNode(time.Second)
-	}
-}
-
-// SetLoad publishes this node's leader write load (NodeInfo.NodeLoad).
-func (m *Membership) SetLoad(l NodeLoad) {
-	m.mu.Lock()
-	same := m.mu.self.NodeLoad == l
 	m.mu.self.NodeLoad = l
 	m.mu.Unlock()
 	if !same {
@@ -212,16 +207,29 @@ func (m *Membership) SetLoad(l NodeLoad) {
 	}
 }
 
+// Published returns what every alive node gossip knows, this one
+// included, last published: its leaderships and leader load come from
+// the same message, so a group a node leads but did not list (and did
+// not omit: NodeInfo.LeadsOmitted) is one it got after the load it
+// published.
+func (m *Membership) Published() map[uint64]NodeInfo {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := map[uint64]NodeInfo{m.mu.self.ID: m.mu.self}
+	for id, n := range m.mu.nodes {
+		if n.alive && id != m.mu.self.ID {
+			out[id] = n.info
+		}
+	}
+	return out
+}
+
 // Loads returns the leader write load of every alive node gossip knows,
 // this one included, as last published.
 func (m *Membership) Loads() map[uint64]NodeLoad {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	out := map[uint64]NodeLoad{m.mu.self.ID: m.mu.self.NodeLoad}
-	for id, n := range m.mu.nodes {
-		if n.alive && id != m.mu.self.ID {
-			out[id] = n.info.NodeLoad
-		}
+	out := map[uint64]NodeLoad{}
+	for id, n := range m.Published() {
+		out[id] = n.NodeLoad
 	}
 	return out
 }
@@ -334,7 +342,7 @@ func (d delegate) NodeMeta(limit int) []byte {
 	d.m.mu.RUnlock()
 	b, _ := json.Marshal(self)
 	if len(b) > limit {
-		self.Leads = nil // too many groups to gossip; peers learn from errors
+		self.Leads, self.LeadsOmitted = nil, true // too many groups to gossip; peers learn from errors
 		b, _ = json.Marshal(self)
 	}
 	return b

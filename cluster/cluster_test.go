@@ -43,8 +43,14 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 			m.Stop()
 		}
 	}()
-	ms[1].SetLeads([]uint64{7, 100})
-	ms[2].SetLoad(NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7})
+	ms[1].SetLeadsAndLoad([]uint64{7, 100}, NodeLoad{})
+	ms[2].SetLeadsAndLoad(nil, NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7})
+	// Too many groups to fit in a gossip message: left out, and said so.
+	var many []uint64
+	for g := range uint64(300) {
+		many = append(many, 1000+g)
+	}
+	ms[0].SetLeadsAndLoad(many, NodeLoad{})
 	eventually(t, func() bool {
 		for _, m := range ms {
 			if l := m.Loads(); len(l) != 3 || l[3] != (NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7}) || l[1] != (NodeLoad{}) || l[2] != (NodeLoad{}) {
@@ -56,6 +62,13 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 				}
 			}
 			if l, ok := m.LeaderHint(100); !ok || l != 2 {
+				return false
+			}
+			p := m.Published()
+			if fmt.Sprint(p[2].Leads) != "[7 100]" || p[2].LeadsOmitted || p[3].Leads != nil || p[3].LeadsOmitted {
+				return false
+			}
+			if m != ms[0] && (p[1].Leads != nil || !p[1].LeadsOmitted) {
 				return false
 			}
 		}

@@ -109,6 +109,9 @@ type leaderLoad struct {
 		id uint64
 		chosenMove
 	}
+	// stale is, for each partition whose leader this node's replica
+	// knows before gossip does, that leader and since when (markStale).
+	stale map[uint64]staleLeader
 }
 
 type chosenMove struct {
@@ -346,10 +349,30 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 // round old, as each node publishes its own with its leaderships), the
 // nodes that lead partitions they have not measured yet, whose load is
 // low by an unknown amount, and how many windows each measured.
+//
+// So is a node that, by this node's replicas, leads a partition it did
+// not list with the load it gossiped (markStale).
 func (s *Server) nodeLoads(led []uint64) loadView {
 	v := newLoadView()
-	all := s.membership.Loads()
+	published := s.membership.Published()
+	all := make(map[uint64]cluster.NodeLoad, len(published))
+	listed := make(map[uint64][]uint64, len(published))
+	for id, info := range published {
+		all[id] = info.NodeLoad
+		if !info.LeadsOmitted {
+			listed[id] = info.Leads
+		}
+	}
 	all[s.id.MemberID] = s.ownLoad(led)
+	delete(listed, s.id.MemberID)
+	leaders := map[uint64]uint64{}
+	for _, p := range s.servingPartitions() {
+		if g := s.host.Group(p.ID()); g != nil {
+			if lead := g.Status().Lead; lead != 0 {
+				leaders[p.ID()] = lead
+			}
+		}
+	}
 	for id, l := range all {
 		v.loads[id] = l.Load
 		v.recent[id] = l.Recent
@@ -361,7 +384,62 @@ func (s *Server) nodeLoads(led []uint64) loadView {
 			v.moving[id] = true
 		}
 	}
+	s.load.markStale(v, staleLeaders(leaders, listed), time.Now())
 	return v
+}
+
+// staleLeaders returns the partitions (of leaders: each partition this
+// node holds a replica of, and its leader as the replica knows it) whose
+// leader did not list them with the load it last gossiped (listed: each
+// node's listed leaderships; a node that omitted them, or this one, is
+// absent), and that leader. Its load is from before the leadership, low
+// by the partition's rate as an unmeasured one's is: gossip shows a
+// leadership a round or so later than a replica does.
+func staleLeaders(leaders map[uint64]uint64, listed map[uint64][]uint64) map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for id, lead := range leaders {
+		if l, ok := listed[lead]; ok && !slices.Contains(l, id) {
+			out[id] = lead
+		}
+	}
+	return out
+}
+
+// staleFor bounds how long a leadership gossip does not show makes its
+// leader unsettled (markStale): gossip carries one in about a second, so
+// a replica that reports a leader longer than this without gossip
+// agreeing is itself behind (cut off, or removed and not yet collected),
+// and must not hold a node unsettled for good.
+const staleFor = 10 * time.Second
+
+// markStale marks unsettled in v every node that leads a partition of
+// stale (staleLeaders) it got since it last gossiped, as one that leads a
+// partition it has not measured is. Without this, two nodes that both
+// saw the same idle voter sent it load in the same second: one moved a
+// partition's leadership there, and the other, still seeing the load that
+// voter gossiped before, split a partition for balance toward it
+// (TestSplitAcrossPlacements failed so; TestBalancerSeesLeadershipsBeforeLoads).
+// A disagreement older than staleFor is ignored.
+func (l *leaderLoad) markStale(v loadView, stale map[uint64]uint64, now time.Time) {
+	l.Lock()
+	defer l.Unlock()
+	seen := make(map[uint64]staleLeader, len(stale))
+	for id, lead := range stale {
+		s, ok := l.stale[id]
+		if !ok || s.lead != lead {
+			s = staleLeader{lead: lead, since: now}
+		}
+		seen[id] = s
+		if now.Sub(s.since) < staleFor {
+			v.unsettled[lead] = true
+		}
+	}
+	l.stale = seen
+}
+
+type staleLeader struct {
+	lead  uint64
+	since time.Time
 }
 
 func newLoadView() loadView {

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 func TestPickLeader(t *testing.T) {
@@ -339,5 +341,44 @@ func TestConfirmBalanceSplit(t *testing.T) {
 		if got := l.confirmBalanceSplit(c.id, c.to, c.own, c.target, c.load); got != c.want {
 			t.Fatalf("step %d (%+v): %v, want %v", i, c, got, c.want)
 		}
+	}
+}
+
+// TestMarkStale: a node that, by this node's replicas, leads a partition
+// it did not list with its gossiped load is unsettled, until the
+// disagreement has lasted staleFor (the replica, not gossip, is behind);
+// a different leader for the partition starts the clock again. A node
+// that omitted its leaderships is never stale.
+func TestMarkStale(t *testing.T) {
+	leaders := map[uint64]uint64{100: 2, 101: 3, 102: 4, 103: 1}
+	listed := map[uint64][]uint64{2: {100}, 3: {7}, 4: nil}
+	stale := staleLeaders(leaders, listed)
+	if fmt.Sprint(stale) != "map[101:3 102:4]" {
+		t.Fatalf("staleLeaders = %v, want partitions 101 (node 3) and 102 (node 4)", stale)
+	}
+	var l leaderLoad
+	t0 := time.Unix(1000, 0)
+	unsettled := func(stale map[uint64]uint64, at time.Time) string {
+		v := newLoadView()
+		l.markStale(v, stale, at)
+		return fmt.Sprint(v.unsettled)
+	}
+	if got := unsettled(stale, t0); got != "map[3:true 4:true]" {
+		t.Fatalf("at first: unsettled %s", got)
+	}
+	if got := unsettled(stale, t0.Add(staleFor-time.Second)); got != "map[3:true 4:true]" {
+		t.Fatalf("within staleFor: unsettled %s", got)
+	}
+	// 102's leader changes to node 5: a new disagreement.
+	stale = map[uint64]uint64{101: 3, 102: 5}
+	if got := unsettled(stale, t0.Add(staleFor)); got != "map[5:true]" {
+		t.Fatalf("after staleFor, with partition 102 led by node 5 since: unsettled %s", got)
+	}
+	// Gossip catches up with 101: a later disagreement starts afresh.
+	if got := unsettled(map[uint64]uint64{102: 5}, t0.Add(staleFor+time.Second)); got != "map[5:true]" {
+		t.Fatalf("unsettled %s", got)
+	}
+	if got := unsettled(map[uint64]uint64{101: 3, 102: 5}, t0.Add(staleFor+2*time.Second)); got != "map[3:true 5:true]" {
+		t.Fatalf("after a new disagreement on 101: unsettled %s", got)
 	}
 }

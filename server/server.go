@@ -467,8 +467,7 @@ func (s *Server) leaderHint(group uint64) uint64 {
 func (s *Server) publishLeads() {
 	s.every(200*time.Millisecond, nil, func() {
 		leads := s.Leading()
-		s.membership.SetLeads(leads)
-		s.membership.SetLoad(s.ownLoad(leads))
+		s.membership.SetLeadsAndLoad(leads, s.ownLoad(leads))
 	})
 }
 
