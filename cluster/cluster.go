@@ -54,6 +54,11 @@ type NodeLoad struct {
 	// Splits across placements wait until no node has any: the loads do
 	// not show a half that is still moving to its new nodes.
 	Moving int `json:"moving,omitempty"`
+	// Unsplittable is set when the node leads no partition a split for
+	// balance could split (each has too few keys or writes): of the
+	// busiest nodes, the one that splits across placements is one that
+	// can.
+	Unsplittable bool `json:"unsplittable,omitempty"`
 }
 
 // Config configures Membership.

@@ -109,6 +109,9 @@ type leaderLoad struct {
 		id uint64
 		chosenMove
 	}
+	// unsplittable: in the last window this node led no partition a
+	// split for balance could split (cluster.NodeLoad.Unsplittable).
+	unsplittable bool
 	// stale is, for each partition whose leader this node's replica
 	// knows before gossip does, that leader and since when (markStale).
 	stale map[uint64]staleLeader
@@ -132,6 +135,9 @@ type loadView struct {
 	// moving holds the nodes leading partitions whose replicas are not at
 	// their placement (cluster.NodeLoad.Moving).
 	moving map[uint64]bool
+	// unsplittable holds the nodes that lead no partition a split for
+	// balance could split (cluster.NodeLoad.Unsplittable).
+	unsplittable map[uint64]bool
 }
 
 // calm reports whether no node leads a partition it has not measured or
@@ -148,17 +154,26 @@ func (v loadView) calm() bool {
 // busiest reports whether node n is the lowest ID among the nodes whose
 // load is within the slack of the highest: one node of those the rates'
 // noise makes the busiest by turns, and the same one in each window.
+// Only nodes that have a partition to split count: a busiest node whose
+// partitions all have too few keys would otherwise keep every other node
+// from splitting across placements for good (TestSplitAcrossPlacements
+// saw it, a node leading only the halves of a split for balance).
 func (v loadView) busiest(n uint64) bool {
+	if v.unsplittable[n] {
+		return false
+	}
 	most := 0.0
-	for _, l := range v.loads {
-		most = max(most, l)
+	for m, l := range v.loads {
+		if !v.unsplittable[m] {
+			most = max(most, l)
+		}
 	}
 	floor := most - max(minLoadSlack, loadSlack*most)
 	if v.loads[n] < floor {
 		return false
 	}
 	for m, l := range v.loads {
-		if m < n && l >= floor {
+		if m < n && l >= floor && !v.unsplittable[m] {
 			return false
 		}
 	}
@@ -329,7 +344,7 @@ func (s *Server) leaderRate(id uint64) (float64, bool) {
 func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
-	l := cluster.NodeLoad{Windows: s.load.windows, Moving: s.load.moving}
+	l := cluster.NodeLoad{Windows: s.load.windows, Moving: s.load.moving, Unsplittable: s.load.unsplittable}
 	for _, id := range led {
 		if !s.isPartition(id) {
 			continue
@@ -382,6 +397,9 @@ func (s *Server) nodeLoads(led []uint64) loadView {
 		}
 		if l.Moving > 0 {
 			v.moving[id] = true
+		}
+		if l.Unsplittable {
+			v.unsplittable[id] = true
 		}
 	}
 	s.load.markStale(v, staleLeaders(leaders, listed), time.Now())
@@ -443,7 +461,7 @@ type staleLeader struct {
 }
 
 func newLoadView() loadView {
-	return loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}, moving: map[uint64]bool{}}
+	return loadView{loads: map[uint64]float64{}, recent: map[uint64]float64{}, unsettled: map[uint64]bool{}, windows: map[uint64]uint64{}, moving: map[uint64]bool{}, unsplittable: map[uint64]bool{}}
 }
 
 // pickLeader decides where the leadership of a partition that self leads,

@@ -382,3 +382,41 @@ func TestMarkStale(t *testing.T) {
 		t.Fatalf("after a new disagreement on 101: unsettled %s", got)
 	}
 }
+
+// TestBusiestCanSplit: of the nodes within the slack of the busiest, the
+// lowest ID splits across placements, passing over nodes that lead no
+// partition a split could split (too few keys or writes), and measuring
+// the slack from the busiest node that could split.
+func TestBusiestCanSplit(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		loads        map[uint64]float64
+		unsplittable map[uint64]bool
+		want         uint64 // the busiest node, 0 for none
+	}{
+		{"the lowest ID within the slack", map[uint64]float64{1: 24, 2: 24.5, 3: 24, 4: 0}, nil, 1},
+		{"the lowest ID has nothing to split: the next", map[uint64]float64{1: 24, 2: 24.5, 3: 24, 4: 0}, map[uint64]bool{1: true}, 2},
+		{"none has anything to split", map[uint64]float64{1: 24, 2: 24, 3: 24, 4: 0}, map[uint64]bool{1: true, 2: true, 3: true, 4: true}, 0},
+		{"a busier node with nothing to split sets no floor", map[uint64]float64{1: 48, 2: 24, 3: 23, 4: 0}, map[uint64]bool{1: true}, 2},
+		{"outside the slack of the busiest: not", map[uint64]float64{1: 20, 2: 24, 3: 24}, nil, 2},
+	} {
+		v := newLoadView()
+		v.loads = c.loads
+		if c.unsplittable != nil {
+			v.unsplittable = c.unsplittable
+		}
+		var got []uint64
+		for n := range uint64(5) {
+			if _, ok := c.loads[n]; ok && v.busiest(n) {
+				got = append(got, n)
+			}
+		}
+		want := []uint64{c.want}
+		if c.want == 0 {
+			want = nil
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: busiest %v, want %v", c.name, got, want)
+		}
+	}
+}

@@ -297,6 +297,15 @@ func (s *Server) splitDriver() {
 		}
 		ledBefore = ledNow
 		s.setLeaderRates(rates)
+		unsplittable := true
+		for _, w := range led {
+			if w.hot != nil && w.p.Keys() >= minLoadSplitKeys && rates[w.p.ID()] >= s.cfg.SplitWriteRate/4 {
+				unsplittable = false
+			}
+		}
+		s.load.Lock()
+		s.load.unsplittable = unsplittable
+		s.load.Unlock()
 		split := false
 		for _, w := range led {
 			p, writes, hot := w.p, w.writes, w.hot
