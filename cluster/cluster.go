@@ -230,16 +230,6 @@ func (m *Membership) Published() map[uint64]NodeInfo {
 	return out
 }
 
-// Loads returns the leader write load of every alive node gossip knows,
-// this one included, as last published.
-func (m *Membership) Loads() map[uint64]NodeLoad {
-	out := map[uint64]NodeLoad{}
-	for id, n := range m.Published() {
-		out[id] = n.NodeLoad
-	}
-	return out
-}
-
 // Resolve returns the internal address of node id.
 func (m *Membership) Resolve(id uint64) (string, bool) {
 	m.mu.RLock()

@@ -299,7 +299,7 @@ func (s *Server) splitDriver() {
 		s.setLeaderRates(rates)
 		unsplittable := true
 		for _, w := range led {
-			if w.hot != nil && w.p.Keys() >= minLoadSplitKeys && rates[w.p.ID()] >= s.cfg.SplitWriteRate/4 {
+			if w.splittable() && rates[w.p.ID()] >= s.cfg.SplitWriteRate/4 {
 				unsplittable = false
 			}
 		}
@@ -364,7 +364,7 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 	hot := map[uint64][]byte{}
 	for _, w := range led {
 		g := s.host.Group(w.p.ID())
-		if g == nil || w.hot == nil || w.p.Keys() < minLoadSplitKeys {
+		if g == nil || !w.splittable() {
 			continue
 		}
 		st := g.Status()
@@ -412,6 +412,10 @@ type ledWindow struct {
 	writes int64
 	hot    []byte
 }
+
+// splittable reports whether a split for balance could split w's
+// partition: its writes left a middle key, and it has enough keys.
+func (w ledWindow) splittable() bool { return w.hot != nil && w.p.Keys() >= minLoadSplitKeys }
 
 // Split splits the partition holding key at key (see kvapi.Store.Split).
 func (s *Server) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
