@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/cluster"
-	"github.com/brainkv/brain/kvapi"
 )
 
 // Leader balancing by load.
@@ -69,9 +68,7 @@ import (
 // no partition a load move could have placed. Slack (10% of the node's
 // load, at least one write a second) keeps nodes with nearly equal loads
 // from trading partitions. The TSO and meta groups take no partition
-// writes and always go to their preferred node; the TSO leader counts
-// the requests it answers in its load (tsoLoad), so it leads fewer
-// partitions.
+// writes and always go to their preferred node.
 
 // loadSlack is the fraction of a node's leader load that another node's
 // may differ by without a move; minLoadSlack is its floor, in writes/s.
@@ -79,19 +76,6 @@ const (
 	loadSlack    = 0.1
 	minLoadSlack = 1.0
 )
-
-// tsoLoad is what one TSO request costs the TSO leader, in partition
-// writes (of a partition's leader): the node leading the TSO group counts
-// tsoLoad times the requests a second it answers in its leader load, so
-// the balancer gives it fewer partition leaderships. In the scaling
-// benchmark's 6-node clusters that node answered about 210 requests a
-// second (a gRPC call each from the other nodes, a read-index round per
-// 6 of them) and used the most CPU of all (22.8-23.8 CPU-s of its 24 in
-// the window against 19.5-22), with a partition load no higher than the
-// others': 10-15% of a node, about a quarter of a write per request
-// (bench/JOURNAL.md, "The balancer at rest, and the TSO beside the
-// watch").
-const tsoLoad = 0.25
 
 // loadMemoryHalfLife is how fast a partition's remembered write rate
 // decays once its writes fall (see the file comment).
@@ -128,10 +112,6 @@ type leaderLoad struct {
 	// unsplittable: in the last window this node led no partition a
 	// split for balance could split (cluster.NodeLoad.Unsplittable).
 	unsplittable bool
-	// tsoRate is the TSO requests a second this node answered over the
-	// last window (tsoLoad); tsoRequests the count at its end.
-	tsoRate     float64
-	tsoRequests int64
 	// stale is, for each partition whose leader this node's replica
 	// knows before gossip does, that leader and since when (markStale).
 	stale map[uint64]staleLeader
@@ -338,7 +318,7 @@ func (l *leaderLoad) forgetLoadMove(id uint64) {
 }
 
 // setLeaderRates records the last window's rates of the partitions this
-// node leads, and of the TSO requests it answered.
+// node leads.
 func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	var sum float64
 	for _, r := range rates {
@@ -346,9 +326,6 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	}
 	s.load.Lock()
 	s.load.remember(rates, s.cfg.SplitWindow)
-	n := s.oracle.Requests()
-	s.load.tsoRate = float64(n-s.load.tsoRequests) / s.cfg.SplitWindow.Seconds()
-	s.load.tsoRequests = n
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
 }
@@ -368,10 +345,6 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
 	l := cluster.NodeLoad{Windows: s.load.windows, Moving: s.load.moving, Unsplittable: s.load.unsplittable}
-	if slices.Contains(led, kvapi.TSOGroup) {
-		l.Load = tsoLoad * s.load.tsoRate
-		l.Recent = l.Load
-	}
 	for _, id := range led {
 		if !s.isPartition(id) {
 			continue
