@@ -55,12 +55,6 @@ type watchStream struct {
 	// retryIn is the wait before the next delivery attempt after an
 	// event-log read failed for a transient reason (0: none failed).
 	retryIn time.Duration
-	// scratch is the buffer frames collect their events in, kept from
-	// frame to frame (sendEvents copies a frame out of it): frames of a
-	// busy watch are tens to hundreds of KiB, and a new buffer grown for
-	// each by append cost the node that serves the watch a tenth of its
-	// CPU, most of it in page faults on freshly allocated memory.
-	scratch []byte
 }
 
 // Waits between delivery attempts of a watcher whose event-log read failed
@@ -328,8 +322,26 @@ const maxFrameBytes = 1 << 20
 // as etcd reports its current revision in catch-up responses.
 type frame struct {
 	b      []byte
+	buf    *[]byte // the pooled buffer b is in (framebuf.go), nil until the first event
 	header int64
 	oldest time.Time
+}
+
+// grow moves the frame's events to a pooled buffer with room for n bytes.
+func (fr *frame) grow(n int) {
+	p := getFrameBuf(max(n, 2*cap(fr.b)))
+	*p = append(*p, fr.b...)
+	fr.release()
+	fr.buf, fr.b = p, *p
+}
+
+// release gives the frame's buffer back; the frame is empty after.
+func (fr *frame) release() {
+	if fr.buf != nil {
+		putFrameBuf(fr.buf)
+		fr.buf = nil
+	}
+	fr.b = nil
 }
 
 // deliver sends w every event up to frontier it has not seen. It returns
@@ -337,8 +349,8 @@ type frame struct {
 // sending what it had read.
 func (sws *watchStream) deliver(w *watcher, frontier int64) error {
 	src := sws.s.hub.src // the store
-	fr := frame{header: frontier, b: sws.scratch[:0]}
-	defer func() { sws.keepScratch(fr.b) }()
+	fr := frame{header: frontier}
+	defer fr.release()
 	for w.next <= frontier {
 		compact := src.CompactRevision()
 		if w.next < compact {
@@ -404,6 +416,9 @@ func (sws *watchStream) add(w *watcher, fr *frame, enc *encoded, at time.Time) e
 		}
 		return sws.sendFragments(w, fr.header, enc, limit)
 	}
+	if n := len(fr.b) + len(enc.b); n > cap(fr.b) {
+		fr.grow(n)
+	}
 	fr.b = append(fr.b, enc.b...)
 	if fr.oldest.IsZero() {
 		fr.oldest = at
@@ -421,25 +436,8 @@ func (sws *watchStream) flush(w *watcher, fr *frame) error {
 	if !fr.oldest.IsZero() {
 		sws.s.hub.lag.Observe(time.Since(fr.oldest).Seconds())
 	}
-	*fr = frame{header: fr.header, b: fr.b[:0]}
+	fr.b, fr.oldest = fr.b[:0], time.Time{}
 	return nil
-}
-
-// maxScratch bounds the frame buffer a watch stream keeps between frames:
-// a busy watch's frames fit (a Kubernetes cluster's events of a few tens
-// of milliseconds); a catch-up's frames of up to maxFrameBytes grow a
-// buffer that is dropped after them, so that a thousand idle streams do
-// not keep a megabyte each.
-const maxScratch = 256 << 10
-
-// keepScratch keeps b's array for the next frame, unless it grew past
-// maxScratch.
-func (sws *watchStream) keepScratch(b []byte) {
-	if cap(b) <= maxScratch {
-		sws.scratch = b[:0]
-	} else {
-		sws.scratch = nil
-	}
 }
 
 // sendFragments splits one revision's events over several responses, all

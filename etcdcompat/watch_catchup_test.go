@@ -50,7 +50,8 @@ func (s *flakySource) Events(from, to int64, _, _ []byte, _ int) ([]partition.Re
 // recordingStream is a watch stream that keeps the responses sent on it.
 type recordingStream struct {
 	grpc.ServerStream
-	ctx context.Context
+	ctx     context.Context
+	discard bool // send nothing anywhere (benchmarks)
 
 	mu    sync.Mutex
 	resps []*pb.WatchResponse
@@ -63,6 +64,9 @@ func (s *recordingStream) Recv() (*pb.WatchRequest, error) {
 }
 func (s *recordingStream) Send(r *pb.WatchResponse) error { return s.record(r) }
 func (s *recordingStream) SendMsg(m any) error {
+	if s.discard {
+		return nil
+	}
 	var b []byte
 	switch m := m.(type) {
 	case *rpccodec.Raw:
@@ -99,7 +103,7 @@ func (s *recordingStream) revs() []int64 {
 // catchupStream is a watch stream with one watcher of every key from
 // revision 1, over a hub whose ring starts after last (so every event is
 // read from the event logs of src).
-func catchupStream(t *testing.T, src *flakySource) (*watchStream, *watcher, *recordingStream) {
+func catchupStream(t testing.TB, src *flakySource) (*watchStream, *watcher, *recordingStream) {
 	t.Helper()
 	h := NewHub(HubConfig{}, src)
 	h.SetSource(src)
