@@ -145,8 +145,13 @@ type entry struct {
 	// with them, loaded the first time a prev_kv shape is encoded.
 	prevMissing bool
 	mu          sync.Mutex
-	withPrev    []*mvccpb.Event    // protected by mu
-	enc         map[shape]*encoded // protected by mu
+	withPrev    []*mvccpb.Event // protected by mu
+	// enc1 is the encoding for shape1, the first shape asked for: most
+	// entries are sent in one shape (an apiserver watches each resource
+	// prefix once), which needs no map. enc holds the other shapes'.
+	shape1 shape              // protected by mu
+	enc1   *encoded           // protected by mu
+	enc    map[shape]*encoded // protected by mu
 }
 
 // shape identifies watches that receive identical event bytes.
@@ -540,6 +545,9 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.enc1 != nil && e.shape1 == *s {
+		return e.enc1
+	}
 	if enc, ok := e.enc[*s]; ok {
 		return enc
 	}
@@ -551,10 +559,14 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 		evs = e.withPrev
 	}
 	enc := encodeEvents(evs, s)
-	if e.enc == nil {
-		e.enc = make(map[shape]*encoded)
+	switch {
+	case e.enc1 == nil:
+		e.shape1, e.enc1 = *s, enc
+	case e.enc == nil:
+		e.enc = map[shape]*encoded{*s: enc}
+	default:
+		e.enc[*s] = enc
 	}
-	e.enc[*s] = enc
 	h.encodes.Inc()
 	return enc
 }

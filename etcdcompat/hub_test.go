@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/partition"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
@@ -102,6 +103,21 @@ func TestHubEncodesOncePerShape(t *testing.T) {
 	}
 	if h.encodedFor(es[0], &shape{key: "b", single: true}) != nil {
 		t.Fatal("a non-matching shape got events")
+	}
+	// Other shapes get encodings of their own, each made once.
+	s3 := &shape{key: "a", single: true}
+	s4 := &shape{key: "a", end: "b"}
+	c, d := h.encodedFor(es[0], s3), h.encodedFor(es[0], s4)
+	if c == nil || d == nil || c == a || d == a || c == d {
+		t.Fatal("different shapes shared an encoding")
+	}
+	for i, want := range []*encoded{a, c, d} {
+		if got := h.encodedFor(es[0], []*shape{s2, s3, s4}[i]); got != want {
+			t.Fatalf("shape %d: a second encodedFor did not return the first encoding", i)
+		}
+	}
+	if got := promtest.ToFloat64(h.encodes); got != 3 {
+		t.Fatalf("%v encodings of one entry in three shapes, want 3", got)
 	}
 	if _, ok := h.entries(2, 6); ok {
 		t.Fatal("entries below the ring start reported as complete")
