@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/brainkv/brain/partition"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
@@ -27,22 +26,14 @@ func TestFrameBufSizes(t *testing.T) {
 	}
 }
 
-// bigSource serves revisions 1..last, one event each, whose values are
-// large and of varying size (up to 64 KiB), filled with their revision.
-type bigSource struct{ flakySource }
-
+// bigValue is revision rev's value in TestFramesShareBuffersSafely:
+// large, of varying size (up to 64 KiB), filled with the revision.
 func bigValue(rev int64) []byte {
 	return bytes.Repeat([]byte{byte(rev)}, int(rev*7919%(64<<10))+1)
 }
 
-func (s *bigSource) Events(from, to int64, _, _ []byte, _ int) ([]partition.RevEvents, int64, error) {
-	var out []partition.RevEvents
-	rev := from
-	for ; rev <= min(to, s.last) && rev < from+s.chunk; rev++ {
-		out = append(out, partition.RevEvents{Rev: rev, Events: []*mvccpb.Event{{Kv: &mvccpb.KeyValue{
-			Key: []byte(fmt.Sprintf("k%d", rev)), Value: bigValue(rev), ModRevision: rev}}}})
-	}
-	return out, rev, nil
+func bigPut(rev int64) *mvccpb.Event {
+	return &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: []byte(fmt.Sprintf("k%d", rev)), Value: bigValue(rev), ModRevision: rev}}
 }
 
 // TestFramesShareBuffersSafely: streams delivering at once, their frames
@@ -54,9 +45,7 @@ func TestFramesShareBuffersSafely(t *testing.T) {
 	var wg sync.WaitGroup
 	recs := make([]*recordingStream, streams)
 	for i := range recs {
-		src := &bigSource{flakySource{last: last, chunk: 10}}
-		sws, w, rs := catchupStream(t, &src.flakySource)
-		sws.s.hub.src = src
+		sws, w, rs := catchupStream(t, &flakySource{last: last, chunk: 10, event: bigPut})
 		recs[i] = rs
 		wg.Add(1)
 		go func() {

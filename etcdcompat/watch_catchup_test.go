@@ -12,6 +12,7 @@ import (
 	"github.com/brainkv/brain/partition"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,11 +20,13 @@ import (
 
 // flakySource serves event-log reads of revisions 1..last (one event per
 // revision, at most chunk revisions per read) and fails the reads listed
-// in fail (by call number, from 1) with err.
+// in fail (by call number, from 1) with err. A revision's event is
+// event's (nil: a put of "k").
 type flakySource struct {
 	nopSource
 	last, chunk int64
 	err         error
+	event       func(rev int64) *mvccpb.Event
 
 	mu    sync.Mutex
 	fail  map[int]bool
@@ -42,7 +45,11 @@ func (s *flakySource) Events(from, to int64, _, _ []byte, _ int) ([]partition.Re
 	var out []partition.RevEvents
 	rev := from
 	for ; rev <= min(to, s.last) && rev < from+s.chunk; rev++ {
-		out = append(out, evs(rev, "k"))
+		if s.event == nil {
+			out = append(out, evs(rev, "k"))
+		} else {
+			out = append(out, partition.RevEvents{Rev: rev, Events: []*mvccpb.Event{s.event(rev)}})
+		}
 	}
 	return out, rev, nil
 }
