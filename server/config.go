@@ -70,11 +70,6 @@ type Config struct {
 	// revisions for it) until a watch covers it again. Default 30s;
 	// negative: every partition is merged all the time.
 	WatchFeedsIdleAfter time.Duration
-	// PeerWriteLinger (--peer-write-linger): how long a connection between
-	// nodes holds written data before the socket write, so that messages
-	// produced together share a system call (internal/peerconn, lingerConn).
-	// Default 1ms; negative: every flush is written at once, as gRPC does.
-	PeerWriteLinger time.Duration
 	// Client TLS, with etcd's flags: https client URLs serve TLS with
 	// CertFile/KeyFile (--cert-file, --key-file); with ClientCertAuth
 	// (--client-cert-auth) a client must present a certificate signed by
@@ -195,9 +190,6 @@ type Config struct {
 // --max-inflight-reads.
 const DefaultMaxInflight = 1000
 
-// DefaultPeerWriteLinger is the default of --peer-write-linger.
-const DefaultPeerWriteLinger = time.Millisecond
-
 // DefaultSplitPoints separate the resources a Kubernetes cluster writes
 // most: events, leases (node heartbeats) and pods get partitions of their
 // own, everything else shares the first.
@@ -252,9 +244,6 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.ElectionTimeout == 0 {
 		c.ElectionTimeout = time.Second
-	}
-	if c.PeerWriteLinger == 0 {
-		c.PeerWriteLinger = DefaultPeerWriteLinger
 	}
 	if c.WatchProgressNotifyInterval == 0 {
 		c.WatchProgressNotifyInterval = 10 * time.Minute

@@ -189,9 +189,6 @@ func (s *Server) open() error {
 			return err
 		}
 		dialOpts = append(dialOpts, rpccodec.ClusterDialOptions(s.id.ClusterID)...)
-		if cfg.PeerWriteLinger > 0 {
-			dialOpts = append(dialOpts, grpc.WithContextDialer(peerconn.LingerDialer(cfg.PeerWriteLinger, rpccodec.PeerKeepaliveTimeout)))
-		}
 		s.peers = peerconn.New(s.membership.Resolve, dialOpts...)
 		s.transport = raftgroup.NewGRPCTransport(s.id.MemberID, s.peers, s.log)
 		s.rpc = kvapi.NewClient(s.peers, s.log)
@@ -681,9 +678,6 @@ func (s *Server) servePeers() error {
 			return fmt.Errorf("server: listen on %s: %w", u, err)
 		}
 		s.listeners = append(s.listeners, l)
-		if s.cfg.PeerWriteLinger > 0 {
-			l = peerconn.LingerListener(l, s.cfg.PeerWriteLinger, rpccodec.PeerKeepaliveTimeout)
-		}
 		if s.peerURL == "" {
 			s.peerURL = "http://" + l.Addr().String()
 			if creds != nil {

@@ -72,7 +72,6 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Var(msDuration{&cfg.ElectionTimeout}, "election-timeout", "Time for an election to timeout (default 1s); a plain number is milliseconds, as in etcd.")
 	f.DurationVar(&cfg.WatchProgressNotifyInterval, "watch-progress-notify-interval", 0, "Interval of progress notifications to idle watches that ask for them (default 10m).")
 	f.DurationVar(&cfg.WatchFeedsIdleAfter, "watch-feeds-idle-after", 0, "Stop merging a partition's events on this node once no watch on it has covered the partition for this long, until one does (default 30s; negative, e.g. -1s: merge every partition all the time).")
-	f.DurationVar(&cfg.PeerWriteLinger, "peer-write-linger", 0, "brain: hold data written to another node for up to this long so that messages produced together leave in one system call (default 1ms; negative, e.g. -1ms: write at once).")
 	f.StringVar(&cfg.CertFile, "cert-file", "", "Path to the client server TLS cert file (for https client URLs).")
 	f.StringVar(&cfg.KeyFile, "key-file", "", "Path to the client server TLS key file.")
 	f.StringVar(&cfg.TrustedCAFile, "trusted-ca-file", "", "Path to the client server TLS trusted CA cert file.")
