@@ -272,10 +272,25 @@ func (h *Hub) AddPartition(id uint64, start, end []byte, closed int64) {
 // SetHistoryStart tells the hub that every event with a revision >= rev
 // will be published to it (the partitions' feed subscriptions start
 // there); events below rev may already be applied (for instance before a
-// restart) and are read from the event logs.
+// restart) and are read from the event logs. Call it after the startup's
+// AddPartition calls: the ring also starts above every partition's closed
+// revision.
+//
+// A restarted node's replicas recover different closed revisions (each
+// applied what it had before the node stopped), and the first partition
+// added sets the frontier; a partition added above it keeps its own
+// closed revision and its feed resumes above that, so its events between
+// the frontier and its closed revision are in its event log and never
+// published here. rev (the TSO replica's recovered revision) is usually
+// above them all, but not when that replica lagged the partitions' when
+// the node stopped: a watch resumed in that window was served from the
+// ring without those events (chaos seed 514085).
 func (h *Hub) SetHistoryStart(rev int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for _, c := range h.mu.closed {
+		rev = max(rev, c+1)
+	}
 	h.mu.ringStart = max(h.mu.ringStart, rev)
 }
 

@@ -167,6 +167,58 @@ func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 	}
 }
 
+// TestHubStartsAboveEveryRestoredClosed: a restarted node's replicas
+// recover different closed revisions, and a partition's feed resumes
+// above its own, so its events at or below it are only in its event log.
+// The ring must start above every partition's closed revision, even when
+// the history start the server passes (the TSO replica's recovered
+// revision) lags them and the partition added first, which sets the
+// frontier, is the one furthest behind. Before the fix a watch resumed at
+// 11 was served 11 and 13 from the ring and never 12 and 14 (chaos seed
+// 514085: "progress notification at 24536 after 16897 events, but 16901
+// events at or below it exist").
+func TestHubStartsAboveEveryRestoredClosed(t *testing.T) {
+	src := &nopSource{}
+	h := NewHub(HubConfig{}, src)
+	h.SetSource(src)
+	h.AddPartition(1, []byte("a"), []byte("m"), 10) // first: the frontier is 10
+	h.AddPartition(2, []byte("m"), nil, 14)         // applied up to 14 before the stop
+	h.SetHistoryStart(7)                            // a lagging TSO replica's revision
+	if _, ok := h.entries(11, 14); ok {
+		t.Fatal("the ring claims revisions 11-14, but partition 2's events there are only in its event log")
+	}
+	if got := h.ResumeFrom(2); got != 15 {
+		t.Fatalf("partition 2 resumes from %d, want 15 (its events up to 14 are applied)", got)
+	}
+	from := h.ResumeFrom(1)
+	if from != 15 {
+		t.Fatalf("partition 1 resumes from %d, want the ring's start 15", from)
+	}
+	// The feeds publish from where they resume.
+	h.Publish(1, evs(15, "b"), 0)
+	h.Publish(1, partition.RevEvents{}, 17)
+	h.Publish(2, evs(16, "n"), 17)
+	if es, ok := h.entries(11, 17); ok {
+		t.Fatalf("the ring claims revisions 11-17 with %v, but partition 2's events at 11-14 are only in its event log", revs(es))
+	}
+	if es, ok := h.entries(15, 17); !ok || !slices.Equal(revs(es), []int64{15, 16}) {
+		t.Fatalf("released %v (ok %v), want [15 16]", revs(es), ok)
+	}
+
+	// The other order: the partition furthest ahead first.
+	h = NewHub(HubConfig{}, src)
+	h.SetSource(src)
+	h.AddPartition(2, []byte("m"), nil, 14)
+	h.AddPartition(1, []byte("a"), []byte("m"), 10)
+	h.SetHistoryStart(7)
+	if _, ok := h.entries(11, 14); ok {
+		t.Fatal("the ring claims revisions 11-14 it never had")
+	}
+	if got := h.ResumeFrom(1); got != 15 {
+		t.Fatalf("partition 1 resumes from %d, want 15", got)
+	}
+}
+
 // TestHubAsksAgainWhileEventsWait: a close request can be lost (the leader
 // it reached loses leadership before closing), so while an event waits for
 // the frontier the hub asks again every AskAgainAfter, for the highest
