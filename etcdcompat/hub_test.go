@@ -173,10 +173,10 @@ func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 // The ring must start above every partition's closed revision, even when
 // the history start the server passes (the TSO replica's recovered
 // revision) lags them and the partition added first, which sets the
-// frontier, is the one furthest behind. Before the fix a watch resumed at
-// 11 was served 11 and 13 from the ring and never 12 and 14 (chaos seed
-// 514085: "progress notification at 24536 after 16897 events, but 16901
-// events at or below it exist").
+// frontier, is the one furthest behind. Before the fix the ring claimed
+// 11-14 here, so a watch resumed there was served partition 1's events
+// and never partition 2's (chaos seed 514085: "progress notification at
+// 24536 after 16897 events, but 16901 events at or below it exist").
 func TestHubStartsAboveEveryRestoredClosed(t *testing.T) {
 	src := &nopSource{}
 	h := NewHub(HubConfig{}, src)
@@ -190,9 +190,8 @@ func TestHubStartsAboveEveryRestoredClosed(t *testing.T) {
 	if got := h.ResumeFrom(2); got != 15 {
 		t.Fatalf("partition 2 resumes from %d, want 15 (its events up to 14 are applied)", got)
 	}
-	from := h.ResumeFrom(1)
-	if from != 15 {
-		t.Fatalf("partition 1 resumes from %d, want the ring's start 15", from)
+	if got := h.ResumeFrom(1); got != 15 {
+		t.Fatalf("partition 1 resumes from %d, want the ring's start 15", got)
 	}
 	// The feeds publish from where they resume.
 	h.Publish(1, evs(15, "b"), 0)
