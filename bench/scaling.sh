@@ -496,6 +496,27 @@ duties_report() {
 		END { printf "TSO leader%s, meta leader%s, watches served by%s", (tso == "" ? " none" : tso), (meta == "" ? " none" : meta), (w == "" ? " none" : w) }' "$1" "$2"
 }
 
+# applied_report BEFORE AFTER: how the window's partition writes fell on
+# the nodes, from the node metrics sampled as it began and ended (nodes
+# n1.. in EPS order): each node's share of the writes its replicas applied
+# (brain_partition_writes_total counts a write on every replica, so with
+# copysets the nodes of one set show the same share) and the busiest
+# node's share over the mean. A busiest node well over the mean is a
+# cluster whose load the balancer has not spread: its busy nodes bound the
+# throughput while the others have CPU to spare.
+applied_report() {
+	awk '
+		FNR == 1 { f++; n = 0 }
+		/^# node / { n++; if (n > nodes) nodes = n }
+		f == 1 && /^brain_partition_writes_total / { before[n] = $NF }
+		f == 2 && /^brain_partition_writes_total / { d[n] = $NF - before[n]; sum += d[n] }
+		END {
+			if (sum <= 0) { printf "none"; exit }
+			for (i = 1; i <= nodes; i++) { printf "n%d %.0f%%  ", i, 100 * d[i] / sum; if (d[i] > most) most = d[i] }
+			printf "busiest %.2fx the mean", most * nodes / sum
+		}' "$1" "$2"
+}
+
 # leaderships_gained ENDPOINTS: the leaderships of groups the nodes at
 # ENDPOINTS (comma separated) gained since they started, summed.
 leaderships_gained() {
@@ -655,13 +676,17 @@ record() {
 }
 
 # idle_report KIND N LABEL: under --idle, the CPU every node of the
-# cluster uses in IDLE seconds without load.
+# cluster uses in IDLE seconds without load (under --profile, each brain
+# node's CPU profile of those seconds too: OUT/KIND-N-idle*-nI.pprof).
 idle_report() {
 	((IDLE > 0)) || return 0
 	local c0 c1 t0 t1
 	c0=$(node_cpu "$1" "$2")
 	t0=$(date +%s.%N)
+	local profs=()
+	PROFILE=$((PROFILE > 0 ? IDLE : 0)) start_profiles "$1" "$1-$2-idle$TAG" "$EPS"
 	sleep "$IDLE"
+	((${#profs[@]} == 0)) || wait "${profs[@]}" || true
 	c1=$(node_cpu "$1" "$2")
 	t1=$(date +%s.%N)
 	say "$3: idle for ${IDLE}s after the warm-up: $(cpu_report "$c0" "$c1" "$t0" "$t1" 3)"
@@ -765,6 +790,7 @@ measure() {
 	((steady == 0)) || ops=$(json_field ops "$json")
 	say "$kind, $n node(s), $workload: nodes: $(cpu_report "$c0" "$c1" "$t0" "$t1")"
 	[[ -n $w0 ]] && say "$kind, $n node(s), $workload: duties: $(duties_report "$OUT/$kind-$n-$workload$TAG.metrics-before" "$OUT/$kind-$n-$workload$TAG.metrics-after")"
+	[[ -n $w0 ]] && say "$kind, $n node(s), $workload: writes applied: $(applied_report "$OUT/$kind-$n-$workload$TAG.metrics-before" "$OUT/$kind-$n-$workload$TAG.metrics-after")"
 	say "$kind, $n node(s), $workload: per create: $(per_create "$c0" "$c1" "$io0" "$io1" "$ops")"
 	say "$kind, $n node(s), $workload: per create: $(host_report "$b0" "$b1" "$c0" "$c1" "$bc0" "$bc1" "$ops")"
 	if [[ -n $w0 ]]; then
