@@ -33,8 +33,9 @@ type NodeInfo struct {
 // NodeLoad is a node's published leader load.
 type NodeLoad struct {
 	// Load is the writes per second the partitions this node leads took
-	// over the last window it measured them in (the leader balancer evens
-	// it out).
+	// over the last window it measured them in, and on the TSO leader the
+	// TSO requests it answered, weighted by what one costs against a
+	// write (the leader balancer evens it out).
 	Load float64 `json:"load,omitempty"`
 	// Recent is the same partitions' remembered rates (each the larger
 	// of its last rate and its remembered one, decaying with a half-life

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/brainkv/brain/cluster"
+	"github.com/brainkv/brain/kvapi"
 )
 
 // Leader balancing by load.
@@ -68,7 +69,9 @@ import (
 // no partition a load move could have placed. Slack (10% of the node's
 // load, at least one write a second) keeps nodes with nearly equal loads
 // from trading partitions. The TSO and meta groups take no partition
-// writes and always go to their preferred node.
+// writes and always go to their preferred node; the TSO leader counts
+// the requests it answers in its load (tsoLoad), so it leads fewer
+// partitions.
 
 // loadSlack is the fraction of a node's leader load that another node's
 // may differ by without a move; minLoadSlack is its floor, in writes/s.
@@ -76,6 +79,27 @@ const (
 	loadSlack    = 0.1
 	minLoadSlack = 1.0
 )
+
+// tsoLoad is what one TSO request costs the TSO leader, in partition
+// writes (of a partition's leader): the node leading the TSO group counts
+// tsoLoad times the requests a second it answers in its leader load, so
+// the balancer gives it fewer partition leaderships. In the scaling
+// benchmark's 6-node clusters that node answered about 210 requests a
+// second (a gRPC call each from the other nodes, a read-index round per
+// 6 of them) and used the most CPU of all (22.8-23.8 CPU-s of its 24 in
+// the window against 19.5-22), with a partition load no higher than the
+// others': 10-15% of a node, about a quarter of a write per request
+// (bench/JOURNAL.md, "The balancer at rest, and the TSO beside the
+// watch"). Its own TSO code is little of that (0.6% of its CPU in a
+// profile): the cost is the calls from other nodes and the read-index
+// rounds' messages. With this weight 6-node clusters did 1.06, 1.06,
+// 1.07 and 1.14 times the creates of the same build without it, in
+// paired rounds ("The TSO leader's load, again"). At low rates, where
+// nearly every write is a TSO request of its own, the weight is a
+// larger share of the load, and the TSO leader leads fewer partitions
+// still; TestSplitForBalance checks the evenness of this load, not of
+// the partitions' writes alone.
+const tsoLoad = 0.25
 
 // loadMemoryHalfLife is how fast a partition's remembered write rate
 // decays once its writes fall (see the file comment).
@@ -112,6 +136,10 @@ type leaderLoad struct {
 	// unsplittable: in the last window this node led no partition a
 	// split for balance could split (cluster.NodeLoad.Unsplittable).
 	unsplittable bool
+	// tsoRate is the TSO requests a second this node answered over the
+	// last window (tsoLoad); tsoRequests the count at its end.
+	tsoRate     float64
+	tsoRequests int64
 	// stale is, for each partition whose leader this node's replica
 	// knows before gossip does, that leader and since when (markStale).
 	stale map[uint64]staleLeader
@@ -318,7 +346,7 @@ func (l *leaderLoad) forgetLoadMove(id uint64) {
 }
 
 // setLeaderRates records the last window's rates of the partitions this
-// node leads.
+// node leads, and of the TSO requests it answered.
 func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	var sum float64
 	for _, r := range rates {
@@ -326,6 +354,9 @@ func (s *Server) setLeaderRates(rates map[uint64]float64) {
 	}
 	s.load.Lock()
 	s.load.remember(rates, s.cfg.SplitWindow)
+	n := s.oracle.Requests()
+	s.load.tsoRate = float64(n-s.load.tsoRequests) / s.cfg.SplitWindow.Seconds()
+	s.load.tsoRequests = n
 	s.load.Unlock()
 	s.leaderWriteRate.Set(sum)
 }
@@ -345,6 +376,10 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 	s.load.Lock()
 	defer s.load.Unlock()
 	l := cluster.NodeLoad{Windows: s.load.windows, Moving: s.load.moving, Unsplittable: s.load.unsplittable}
+	if slices.Contains(led, kvapi.TSOGroup) {
+		l.Load = tsoLoad * s.load.tsoRate
+		l.Recent = l.Load
+	}
 	for _, id := range led {
 		if !s.isPartition(id) {
 			continue
@@ -355,6 +390,9 @@ func (s *Server) ownLoad(led []uint64) cluster.NodeLoad {
 		} else {
 			l.Unmeasured++
 		}
+	}
+	if s.leaderLoadGauge != nil {
+		s.leaderLoadGauge.Set(l.Load)
 	}
 	return l
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/brainkv/brain/kvapi"
 )
 
 func TestPickLeader(t *testing.T) {
@@ -418,5 +420,24 @@ func TestBusiestCanSplit(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: busiest %v, want %v", c.name, got, want)
 		}
+	}
+}
+
+// TestOwnLoadCountsTSORequests: a node leading the TSO group counts
+// tsoLoad writes per TSO request a second it answered in its leader load
+// (current and remembered); one that does not lead it counts its
+// partitions' rates only.
+func TestOwnLoadCountsTSORequests(t *testing.T) {
+	s := &Server{id: &identity{}}
+	p := uint64(kvapi.FirstPartition)
+	s.load.rates = map[uint64]float64{p: 100}
+	s.load.recent = map[uint64]float64{p: 120}
+	s.load.tsoRate = 200
+	if l := s.ownLoad([]uint64{p}); l.Load != 100 || l.Recent != 120 {
+		t.Errorf("without the TSO: load %v, recent %v; want 100 and 120", l.Load, l.Recent)
+	}
+	want := 100 + tsoLoad*200
+	if l := s.ownLoad([]uint64{kvapi.TSOGroup, p}); l.Load != want || l.Recent != 120+tsoLoad*200 {
+		t.Errorf("leading the TSO: load %v, recent %v; want %v and %v", l.Load, l.Recent, want, 120+tsoLoad*200)
 	}
 }

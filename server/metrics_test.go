@@ -56,7 +56,7 @@ func TestMetricsAndDashboard(t *testing.T) {
 		"brain_raft_batch_transit_seconds_bucket", "brain_raft_send_queue_seconds_bucket", "brain_raft_inbox_wait_seconds_bucket", "go_sched_latencies_seconds_bucket",
 		"brain_tso_confirm_batch_size_bucket", "brain_partition_closed_revision_lag",
 		"brain_watchers", "brain_watch_delivery_lag_seconds_bucket",
-		"brain_leader_write_rate", "brain_pebble_disk_usage_bytes", "brain_watch_slow_cancellations_total", "brain_requests_shed_total", "brain_inflight_writes", "brain_pebble_l0_sublevels", "brain_pebble_compaction_debt_bytes",
+		"brain_leader_write_rate", "brain_leader_load", "brain_pebble_disk_usage_bytes", "brain_watch_slow_cancellations_total", "brain_requests_shed_total", "brain_inflight_writes", "brain_pebble_l0_sublevels", "brain_pebble_compaction_debt_bytes",
 	} {
 		if !have[want] {
 			t.Errorf("/metrics has no %s", want)

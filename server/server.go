@@ -69,6 +69,7 @@ type Server struct {
 	splits           *prometheus.CounterVec
 	balanceTransfers *prometheus.CounterVec // leader balancer's transfers, by reason
 	leaderWriteRate  prometheus.Gauge       // writes/s of the partitions this node leads
+	leaderLoadGauge  prometheus.Gauge       // the leader load this node gossips (ownLoad)
 	offPlacement     prometheus.Gauge       // partitions this node leads whose replicas are not at their placement
 	refused          prometheus.Counter     // peer calls refused as another cluster's
 	refusedLog       atomic.Int64           // unix nanos of the last refusal logged
@@ -131,7 +132,10 @@ func New(cfg Config) (*Server, error) {
 		Name: "brain_leader_balance_transfers_total", Help: "Leadership transfers the leader balancer started, by reason (preferred: to the placement's node; load: to even out the nodes' leader write load).",
 	}, []string{"reason"})
 	s.leaderWriteRate = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "brain_leader_write_rate", Help: "Writes per second the partitions this node leads took over the last split window (its leader load, gossiped to the leader balancer).",
+		Name: "brain_leader_write_rate", Help: "Writes per second the partitions this node leads took over the last split window.",
+	})
+	s.leaderLoadGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "brain_leader_load", Help: "The leader load this node gossips to the leader balancer, in writes per second: brain_leader_write_rate, and on the TSO leader the TSO requests it answered, weighted by what one costs against a write.",
 	})
 	s.offPlacement = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "brain_partitions_off_placement", Help: "Partitions this node leads whose voters are not their placement's, or that have learners: replica moves (rebalancing or repair) still to do. 0 on every node: the cluster is balanced.",
@@ -139,7 +143,7 @@ func New(cfg Config) (*Server, error) {
 	s.feedSent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_feed_messages_sent_total", Help: "Messages of partition feeds this node streamed to other nodes' watch hubs, by kind (events: with events; closed: a closed revision only).",
 	}, []string{"kind"})
-	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.offPlacement)
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.leaderLoadGauge, s.offPlacement)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err

@@ -90,9 +90,11 @@ type Oracle struct {
 		inflight bool         // protected by conf
 	}
 
-	issued  prometheus.Counter
-	extends prometheus.Counter
-	batch   prometheus.Histogram
+	// requests counts the Next calls this node's leader answered.
+	requests atomic.Int64
+	issued   prometheus.Counter
+	extends  prometheus.Counter
+	batch    prometheus.Histogram
 }
 
 // New creates the oracle for raft group groupID, loading its applied state.
@@ -125,6 +127,10 @@ func New(cfg Config, db *pebble.DB, groupID uint64) (*Oracle, error) {
 	}
 	return o, nil
 }
+
+// Requests returns how many requests for revisions (Next calls) this
+// node answered as the leader, since it started.
+func (o *Oracle) Requests() int64 { return o.requests.Load() }
 
 // Bind attaches the oracle to its raft group.
 func (o *Oracle) Bind(g *raftgroup.Group) { o.group.Store(g) }
@@ -233,6 +239,7 @@ func (o *Oracle) Next(ctx context.Context, n int64) (int64, error) {
 			}
 			o.mu.Unlock()
 			o.issued.Add(float64(n))
+			o.requests.Add(1)
 			return first, nil
 		}
 		o.extendLocked(max(end, o.mu.next+n-1))

@@ -100,6 +100,9 @@ func TestRevisionsUniqueIncreasingDense(t *testing.T) {
 	if c := n.o.Current(); c != got[len(got)-1] {
 		t.Fatalf("Current %d, last issued %d", c, got[len(got)-1])
 	}
+	if r := n.o.Requests(); r != int64(len(got)) {
+		t.Fatalf("Requests %d after %d answered Next calls", r, len(got))
+	}
 }
 
 func TestRestartAfterCrashAndAfterCleanStop(t *testing.T) {
