@@ -22,6 +22,7 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	var cfg server.Config
+	var memoryLimitRatio float64
 	cmd := &cobra.Command{
 		Use:   "brainnode",
 		Short: "brainnode runs an etcd-compatible metadata store node",
@@ -38,6 +39,8 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 				// /debug/diskfault (see internal/diskfault).
 				cfg.DiskFaults = new(diskfault.Injector)
 			}
+			// Its failure is logged; the node runs without a soft limit.
+			_, _ = server.SetMemoryLimit(memoryLimitRatio, server.CgroupMemoryLimit, server.NewLogger(cfg.LogLevel))
 			s, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -67,6 +70,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.IntVar(&cfg.MaxTxnOps, "max-txn-ops", 128, "Maximum number of operations permitted in a transaction.")
 	f.Int64Var(&cfg.MaxInflightWrites, "max-inflight-writes", server.DefaultMaxInflight, "brain: writes served at once; past it writes are refused with etcd's \"too many requests\" (load shedding). Negative: no limit.")
 	f.Int64Var(&cfg.MaxInflightReads, "max-inflight-reads", server.DefaultMaxInflight, "brain: reads (Range) served at once; past it reads are refused with etcd's \"too many requests\". Negative: no limit.")
+	f.Float64Var(&memoryLimitRatio, "memory-limit-ratio", server.DefaultMemoryLimitRatio, "brain: set Go's soft memory limit (GOMEMLIMIT) to this fraction of the node's cgroup memory limit (a container's --memory), so the garbage collector works harder before the kernel would kill the node; 0: leave it alone. No effect without a cgroup limit; a GOMEMLIMIT in the environment wins.")
 	f.Int64Var(&cfg.QuotaBackendBytes, "quota-backend-bytes", 8<<30, "Raise the NOSPACE alarm and refuse writes when the storage exceeds this size.")
 	f.Var(msDuration{&cfg.HeartbeatInterval}, "heartbeat-interval", "Time of a heartbeat interval (default 100ms); a plain number is milliseconds, as in etcd.")
 	f.Var(msDuration{&cfg.ElectionTimeout}, "election-timeout", "Time for an election to timeout (default 1s); a plain number is milliseconds, as in etcd.")
