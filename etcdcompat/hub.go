@@ -132,6 +132,8 @@ type Hub struct {
 	// prevUnreadable counts prev_kv values the hub could not load (the
 	// event goes out without its prev_kv).
 	prevUnreadable prometheus.Counter
+	// merged counts the events the hub took into its merge (Merged).
+	merged atomic.Int64
 }
 
 // entry is one revision's events.
@@ -224,7 +226,9 @@ func NewHub(cfg HubConfig, src EventSource) *Hub {
 	h.pausedDrops = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_feed_paused_drops_total", Help: "Events of partitions this node had just stopped merging (no watch on it covers them) that its feed delivered before it stopped, below the watch frontier, and the hub dropped."})
 	h.prevUnreadable = prometheus.NewCounter(prometheus.CounterOpts{Name: "brain_watch_prev_values_unreadable_total", Help: "prev_kv values of watch events the hub could not load; the event was sent without its prev_kv."})
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(h.prevUnreadable, h.lag, h.watchers, h.gauges.wanted, h.gauges.paused, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, h.pausedDrops, newHubCollector(h))
+		merged := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "brain_watch_events_merged_total", Help: "Events the watch hub took into its merge (not counting duplicates and events of paused partitions): what the node's watches cost it grows with their rate."},
+			func() float64 { return float64(h.Merged()) })
+		cfg.Registerer.MustRegister(h.prevUnreadable, h.lag, h.watchers, h.gauges.wanted, h.gauges.paused, h.catchups, h.catchupRetries, h.asksAgain, h.slowCancels, h.encodes, h.frames, h.duplicates, h.pausedDrops, merged, newHubCollector(h))
 	}
 	return h
 }
@@ -347,6 +351,7 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 			}
 			heap.Push(&h.mu.pending, e)
 			h.mu.maxPending = max(h.mu.maxPending, evs.Rev)
+			h.merged.Add(int64(len(evs.Events)))
 		}
 	}
 	if closed > h.mu.closed[pid] {
@@ -358,6 +363,11 @@ func (h *Hub) Publish(pid uint64, evs partition.RevEvents, closed int64) {
 	h.mu.Unlock()
 	h.askToClose(poke, false)
 }
+
+// Merged returns how many events the hub has taken into its merge (not
+// counting duplicates and the dropped events of paused partitions): what
+// this node's watches cost it grows with their rate.
+func (h *Hub) Merged() int64 { return h.merged.Load() }
 
 // forgetSeenLocked drops the revisions of partition pid at or below its
 // closed revision from seen (they are dropped by that alone).

@@ -153,6 +153,11 @@ func TestHubDropsResubscriptionDuplicates(t *testing.T) {
 	if !ok || len(es) != 4 || es[0].rev != 4 || es[1].rev != 6 || es[2].rev != 7 || es[3].rev != 8 {
 		t.Fatalf("released %v, want [4 6 7 8]", revs(es))
 	}
+	// Merged (brain_watch_events_merged_total) counts the events taken,
+	// not the duplicates.
+	if got := h.Merged(); got != 4 {
+		t.Fatalf("Merged: %d, want the 4 events taken (not the 2 duplicates)", got)
+	}
 	// Partition 2's events below 20 were compacted while its feed was down.
 	h.Publish(1, partition.RevEvents{}, 30)
 	h.Truncate(2, 20)

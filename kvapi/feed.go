@@ -557,6 +557,7 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 		}
 		*skip = false
 		for _, e := range m.Events {
+			s.remoteFeedEvents.Add(int64(len(e.Events)))
 			sink.Publish(group, e, 0)
 		}
 		if m.Closed != 0 {
@@ -570,6 +571,12 @@ func (s *Store) feedRemote(ctx context.Context, group uint64, from int64, skip *
 		}
 	}
 }
+
+// RemoteFeedEvents returns how many events this node's partition feeds
+// have received from other nodes (the partitions it has no replica of):
+// each costs the node a decode on top of what its watch hub spends on an
+// event.
+func (s *Store) RemoteFeedEvents() int64 { return s.remoteFeedEvents.Load() }
 
 // pickFeedSource chooses a node with a replica of group: a random live
 // replica other than avoid (the one that failed last), preferring

@@ -165,6 +165,10 @@ type Store struct {
 	// client reads its own writes on the node it wrote through.
 	acked atomic.Int64
 
+	// remoteFeedEvents counts the events this node's feeds received from
+	// other nodes' replicas (RemoteFeedEvents).
+	remoteFeedEvents atomic.Int64
+
 	stopc chan struct{}
 	wg    sync.WaitGroup
 }

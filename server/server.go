@@ -143,7 +143,15 @@ func New(cfg Config) (*Server, error) {
 	s.feedSent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_feed_messages_sent_total", Help: "Messages of partition feeds this node streamed to other nodes' watch hubs, by kind (events: with events; closed: a closed revision only).",
 	}, []string{"kind"})
-	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.leaderLoadGauge, s.offPlacement)
+	feedEvents := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "brain_feed_events_received_total", Help: "Events this node's watch hub received through partition feeds from other nodes' replicas (partitions with no replica here); each costs the node a decode on top of what brain_watch_events_merged_total counts.",
+	}, func() float64 {
+		if s.store == nil {
+			return 0
+		}
+		return float64(s.store.RemoteFeedEvents())
+	})
+	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.leaderLoadGauge, s.offPlacement, feedEvents)
 	if err := s.open(); err != nil {
 		s.closeStorage()
 		return nil, err
