@@ -36,8 +36,10 @@ type EventSource interface {
 // HubConfig configures a Hub.
 type HubConfig struct {
 	// RingEvents and RingBytes bound the in-memory history of released
-	// events; older events are read from the event logs. Defaults 100000
-	// events and 256 MiB.
+	// events; older events are read from the event logs. RingBytes counts
+	// the events and what the ring caches for them to send (their
+	// encodings per watch shape, prev_kv values loaded for them).
+	// Defaults 100000 events and 256 MiB.
 	RingEvents int
 	RingBytes  int
 	// IdleFeedsAfter is how long the hub keeps merging a partition no
@@ -107,7 +109,7 @@ type Hub struct {
 		ring       []*entry  // released, ascending; protected by mu
 		ringStart  int64     // every released event >= ringStart is in ring
 		ringEvents int
-		ringBytes  int
+		ringBytes  int           // the ring's events' sizes (cached counts the rest)
 		changed    chan struct{} // closed when frontier advances
 	}
 
@@ -134,6 +136,10 @@ type Hub struct {
 	prevUnreadable prometheus.Counter
 	// merged counts the events the hub took into its merge (Merged).
 	merged atomic.Int64
+	// cached is the bytes the ring's entries cache to send (encodings,
+	// loaded prev_kv values), counted against RingBytes: an entry adds
+	// what it caches while in the ring, and eviction takes it off.
+	cached atomic.Int64
 }
 
 // entry is one revision's events.
@@ -148,6 +154,11 @@ type entry struct {
 	prevMissing bool
 	mu          sync.Mutex
 	withPrev    []*mvccpb.Event // protected by mu
+	// cached is what this entry added to Hub.cached; evicted: it left
+	// the ring, and what it caches from then on is not counted (a
+	// watcher may still be sending it).
+	cached  int  // protected by mu
+	evicted bool // protected by mu
 	// enc1 is the encoding for shape1, the first shape asked for: most
 	// entries are sent in one shape (an apiserver watches each resource
 	// prefix once), which needs no map. enc holds the other shapes'.
@@ -519,10 +530,14 @@ func (h *Hub) Truncate(pid uint64, rev int64) {
 
 func (h *Hub) evictLocked() {
 	n := 0
-	for n < len(h.mu.ring)-1 && (h.mu.ringEvents > h.cfg.RingEvents || h.mu.ringBytes > h.cfg.RingBytes) {
+	for n < len(h.mu.ring)-1 && (h.mu.ringEvents > h.cfg.RingEvents || h.mu.ringBytes+int(h.cached.Load()) > h.cfg.RingBytes) {
 		e := h.mu.ring[n]
 		h.mu.ringEvents -= len(e.events)
 		h.mu.ringBytes -= e.size
+		e.mu.Lock()
+		e.evicted = true
+		h.cached.Add(-int64(e.cached))
+		e.mu.Unlock()
 		h.mu.ringStart = max(h.mu.ringStart, e.rev+1)
 		h.mu.ring[n] = nil
 		n++
@@ -576,14 +591,24 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	if enc, ok := e.enc[*s]; ok {
 		return enc
 	}
-	evs := e.events
+	evs, added := e.events, 0
 	if s.prevKV && e.prevMissing {
 		if e.withPrev == nil {
 			e.withPrev = h.withPrevValues(e.events)
+			for _, ev := range e.withPrev {
+				if ev.PrevKv != nil {
+					added += len(ev.PrevKv.Value)
+				}
+			}
 		}
 		evs = e.withPrev
 	}
 	enc := encodeEvents(evs, s)
+	added += len(enc.b)
+	if !e.evicted {
+		e.cached += added
+		h.cached.Add(int64(added))
+	}
 	switch {
 	case e.enc1 == nil:
 		e.shape1, e.enc1 = *s, enc

@@ -124,6 +124,60 @@ func TestHubEncodesOncePerShape(t *testing.T) {
 	}
 }
 
+// TestHubRingCountsCachedEncodings: the ring's byte bound counts what its
+// entries cache to send (encodings), not only the events, so a ring whose
+// watchers encoded every entry holds fewer of them; an evicted entry's
+// cache leaves the count, and what a watcher still encodes for an evicted
+// entry is not counted (the 6-node scaling benchmark's watch node held
+// 116 MB of encodings besides its events, uncounted before).
+func TestHubRingCountsCachedEncodings(t *testing.T) {
+	size := evs(2, "a").Events[0].Size()
+	src := &nopSource{}
+	h := NewHub(HubConfig{RingBytes: 6 * size}, src)
+	h.AddPartition(1, nil, nil, 1)
+	for r := int64(2); r <= 7; r++ {
+		h.Publish(1, evs(r, "a"), r)
+	}
+	es, ok := h.entries(2, 7)
+	if !ok || len(es) != 6 {
+		t.Fatalf("6 events of %d bytes in a ring of %d: entries %v (complete %v)", size, 6*size, revs(es), ok)
+	}
+	sh := &shape{key: "a", single: true}
+	encoded := 0
+	for _, e := range es {
+		encoded += len(h.encodedFor(e, sh).b)
+	}
+	if got := h.cached.Load(); got != int64(encoded) {
+		t.Fatalf("cached %d bytes, want the %d bytes encoded", got, encoded)
+	}
+	h.Publish(1, evs(8, "a"), 8)
+	h.mu.Lock()
+	ring, ringBytes, start := slices.Clone(h.mu.ring), h.mu.ringBytes, h.mu.ringStart
+	h.mu.Unlock()
+	// Events alone (7 of them) would evict only revision 2.
+	if start <= 3 {
+		t.Fatalf("ring starts at %d after a 7th event: the encodings were not counted", start)
+	}
+	var sum int64
+	for _, e := range ring {
+		e.mu.Lock()
+		sum += int64(e.cached)
+		e.mu.Unlock()
+	}
+	if got := h.cached.Load(); got != sum || len(ring) > 1 && ringBytes+int(got) > 6*size {
+		t.Fatalf("after eviction: cached %d (the ring's entries hold %d), events %d bytes, bound %d", got, sum, ringBytes, 6*size)
+	}
+	// A watcher that took an entry before it was evicted still gets its
+	// encoding in another shape; it is not counted.
+	before := h.cached.Load()
+	if h.encodedFor(es[0], &shape{key: "a", end: "b"}) == nil {
+		t.Fatal("no encoding for an evicted entry")
+	}
+	if got := h.cached.Load(); got != before {
+		t.Fatalf("encoding an evicted entry changed cached from %d to %d", before, got)
+	}
+}
+
 // TestHubDropsResubscriptionDuplicates replays a partition's feed the way
 // a resumed subscription does (again from the closed revision the hub
 // holds, overlapping what it delivered) and checks every revision is
