@@ -154,11 +154,12 @@ type entry struct {
 	prevMissing bool
 	mu          sync.Mutex
 	withPrev    []*mvccpb.Event // protected by mu
-	// cached is what this entry added to Hub.cached; evicted: it left
-	// the ring, and what it caches from then on is not counted (a
-	// watcher may still be sending it).
-	cached  int  // protected by mu
-	evicted bool // protected by mu
+	// cached is what this entry added to Hub.cached, or -1 once it left
+	// the ring: what it caches from then on is not counted (a watcher
+	// may still be sending it). An atomic, not under mu: eviction runs
+	// under the hub's lock, and an encoder may hold mu through storage
+	// reads (withPrevValues).
+	cached atomic.Int64
 	// enc1 is the encoding for shape1, the first shape asked for: most
 	// entries are sent in one shape (an apiserver watches each resource
 	// prefix once), which needs no map. enc holds the other shapes'.
@@ -534,10 +535,7 @@ func (h *Hub) evictLocked() {
 		e := h.mu.ring[n]
 		h.mu.ringEvents -= len(e.events)
 		h.mu.ringBytes -= e.size
-		e.mu.Lock()
-		e.evicted = true
-		h.cached.Add(-int64(e.cached))
-		e.mu.Unlock()
+		h.cached.Add(-e.cached.Swap(-1))
 		h.mu.ringStart = max(h.mu.ringStart, e.rev+1)
 		h.mu.ring[n] = nil
 		n++
@@ -605,10 +603,7 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	}
 	enc := encodeEvents(evs, s)
 	added += len(enc.b)
-	if !e.evicted {
-		e.cached += added
-		h.cached.Add(int64(added))
-	}
+	h.countCached(e, int64(added))
 	switch {
 	case e.enc1 == nil:
 		e.shape1, e.enc1 = *s, enc
@@ -619,6 +614,22 @@ func (h *Hub) encodedFor(e *entry, s *shape) *encoded {
 	}
 	h.encodes.Inc()
 	return enc
+}
+
+// countCached adds n bytes e cached to Hub.cached, unless e was evicted.
+// An eviction between the entry's add and the hub's takes the n off
+// first: the hub's count is briefly low, never left high.
+func (h *Hub) countCached(e *entry, n int64) {
+	for {
+		c := e.cached.Load()
+		if c < 0 {
+			return
+		}
+		if e.cached.CompareAndSwap(c, c+n) {
+			h.cached.Add(n)
+			return
+		}
+	}
 }
 
 // withPrevValues returns copies of events with the values of their

@@ -160,9 +160,7 @@ func TestHubRingCountsCachedEncodings(t *testing.T) {
 	}
 	var sum int64
 	for _, e := range ring {
-		e.mu.Lock()
-		sum += int64(e.cached)
-		e.mu.Unlock()
+		sum += e.cached.Load()
 	}
 	if got := h.cached.Load(); got != sum || len(ring) > 1 && ringBytes+int(got) > 6*size {
 		t.Fatalf("after eviction: cached %d (the ring's entries hold %d), events %d bytes, bound %d", got, sum, ringBytes, 6*size)
@@ -175,6 +173,53 @@ func TestHubRingCountsCachedEncodings(t *testing.T) {
 	}
 	if got := h.cached.Load(); got != before {
 		t.Fatalf("encoding an evicted entry changed cached from %d to %d", before, got)
+	}
+}
+
+// TestHubCachedCountUnderConcurrentEviction: watchers encode entries while
+// publishes evict them; once all is done the hub's count is exactly what
+// the ring's entries hold (an encoding that raced its entry's eviction
+// left nothing behind) and within the bound.
+func TestHubCachedCountUnderConcurrentEviction(t *testing.T) {
+	size := evs(2, "a").Events[0].Size()
+	h := NewHub(HubConfig{RingBytes: 20 * size}, &nopSource{})
+	h.AddPartition(1, nil, nil, 1)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			shapes := []*shape{{key: "a", single: true}, {key: "a", end: "b"}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f, _ := h.Frontier()
+				es, _ := h.entries(max(2, f-30), f)
+				for _, e := range es {
+					h.encodedFor(e, shapes[(int(e.rev)+w)%2])
+				}
+			}
+		}(w)
+	}
+	for r := int64(2); r <= 2000; r++ {
+		h.Publish(1, evs(r, "a"), r)
+	}
+	close(stop)
+	wg.Wait()
+	h.Publish(1, evs(2001, "a"), 2001) // evicts what the last encodings added
+	h.mu.Lock()
+	ring, ringBytes := slices.Clone(h.mu.ring), h.mu.ringBytes
+	h.mu.Unlock()
+	var sum int64
+	for _, e := range ring {
+		sum += e.cached.Load()
+	}
+	if got := h.cached.Load(); got != sum || len(ring) > 1 && ringBytes+int(got) > 20*size {
+		t.Fatalf("cached %d, the ring's %d entries hold %d; events %d bytes, bound %d", got, len(ring), sum, ringBytes, 20*size)
 	}
 }
 
