@@ -29,12 +29,7 @@
 // arrived before it: on a node with more work than CPU, a timer's
 // goroutine would otherwise run at once while the network's input waits,
 // and leaders would find "no quorum active" with their followers'
-// answers unread. The clock slows as the node does. A slow clock also
-// spaces a leader's heartbeats; so a follower holds its own election
-// clock while raft messages of any group still arrive from its leader's
-// node, for a bounded time after the leader's own last message
-// (Group.holdElection): a starved node's leaderships move by the
-// balancer, not by elections.
+// answers unread. The clock slows as the node does.
 //
 // # State machines
 //

@@ -681,12 +681,6 @@ func (g *Group) drainInbox() {
 			// too, but holds nothing: holdElection asks for the node
 			// raft follows now.
 			g.leaderFrom, g.leaderSeen = msgs[i].From, time.Now()
-		case raftpb.MsgPreVote, raftpb.MsgVote:
-			if msgs[i].From == g.leaderFrom {
-				// The leader campaigns: it no longer leads (it stepped
-				// down, see Host.observeLeadership). Hold no more.
-				g.leaderFrom = 0
-			}
 		}
 		// Errors here are messages from unknown peers or stale terms;
 		// raft has already dropped them.
@@ -737,14 +731,10 @@ func (g *Group) tick(hold bool) {
 // leadership back. A node whose raft messages still arrive is alive; its
 // leadership is the balancer's to move (by load), not an election's.
 //
-// A leader that steps down without a successor (CheckQuorum: its
-// followers' answers did not reach it in an election timeout) campaigns
-// at once (Host.observeLeadership), and a follower holds no more once its
-// leader's (pre-)vote request arrives; it then elects as it would have.
 // What holding costs: a leader whose node is alive but that stopped
-// leading this group otherwise (its replica removed, the node restarted
-// within an election timeout) is replaced Config.ElectionHold later than
-// otherwise. A leader's node that falls silent (stopped,
+// leading this group without a successor (its replica removed, the node
+// restarted within an election timeout) is replaced Config.ElectionHold
+// later than otherwise. A leader's node that falls silent (stopped,
 // partitioned, paused) holds nothing: its followers elect as before.
 // Holding only delays elections, which raft's safety does not depend on;
 // the TSO confirms its leadership with a read-index round, not a lease.

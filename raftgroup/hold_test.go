@@ -136,34 +136,3 @@ func TestSilentLeaderNodeHoldsNothing(t *testing.T) {
 	waitLeader(t, nodes[1].host.Group(testGroup), nodes[2].host.Group(testGroup))
 	waitLeader(t, nodes[1].host.Group(busyGroup), nodes[2].host.Group(busyGroup))
 }
-
-// TestSteppedDownLeaderEndsHold: node 1 stays heard from (its busy
-// group) and its followers hold for an hour, but its followers' answers
-// for the idle group no longer reach it, so it steps down (CheckQuorum).
-// Its ticks are slow (3 s election timeout), but it campaigns at once;
-// its pre-vote request ends its followers' hold, and they elect one of
-// them well within its own election timeout.
-func TestSteppedDownLeaderEndsHold(t *testing.T) {
-	tr := NewMemTransport()
-	nodes := startHoldTrio(t, tr, func(id uint64, c *Config) {
-		c.ElectionHold = time.Hour
-		if id == 1 {
-			c.TickInterval = 300 * time.Millisecond
-		}
-	})
-	keepBusy(t, nodes[0])
-	tr.SetFilter(func(_, to uint64, m GroupMessage) bool { return to != 1 || m.Group != testGroup })
-	g1 := nodes[0].host.Group(testGroup)
-	deadline := time.Now().Add(15 * time.Second)
-	for g1.Status().IsLeader {
-		if time.Now().After(deadline) {
-			t.Fatal("node 1 still leads the idle group though no answer reaches it")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	down := time.Now()
-	waitLeader(t, nodes[1].host.Group(testGroup), nodes[2].host.Group(testGroup))
-	if took := time.Since(down); took > 2*time.Second {
-		t.Fatalf("a follower was elected %v after node 1 stepped down: it waited for node 1's own election timeout", took)
-	}
-}

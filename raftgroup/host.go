@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -608,17 +607,6 @@ func (h *Host) observeLeadership(g *Group, ss *raft.SoftState) {
 		}
 		if wasLeader && !g.isLeader {
 			g.leaderReady = false
-			if ss.Lead == 0 && ss.RaftState == raft.StateFollower && slices.Contains(g.conf.Voters, h.cfg.NodeID) {
-				// Stepped down with no successor (CheckQuorum): campaign
-				// now. Its followers may be holding their election clocks
-				// (Group.holdElection) while this node is heard from;
-				// its pre-vote request ends that, so the group elects a
-				// leader in an election timeout, as without holding.
-				g.inbox.Lock()
-				g.inbox.campaign = true
-				g.inbox.Unlock()
-				h.sched.enqueue(g)
-			}
 			g.steppedDown(h.cfg.FateGrace)
 			if o, ok := g.sm.(LeadershipObserver); ok {
 				o.LeadershipChanged(false, g.term)
