@@ -62,12 +62,6 @@ type Config struct {
 	// proposers of Group.ProposeAsyncFate waiting for their commands'
 	// fate; default two election timeouts.
 	FateGrace time.Duration
-	// ElectionHold bounds how long a follower holds its election clock
-	// while its leader's node is heard from but the leader's own
-	// messages are late (see Group.holdElection): at most this long after
-	// the last message its leader sent it; default three election
-	// timeouts. Negative: never hold.
-	ElectionHold time.Duration
 	// Logger is the structured logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the host's metrics; nil registers nothing.
@@ -87,9 +81,6 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.FateGrace == 0 {
 		c.FateGrace = 2 * time.Duration(c.ElectionTicks) * c.TickInterval
-	}
-	if c.ElectionHold == 0 {
-		c.ElectionHold = 3 * c.electionTimeout()
 	}
 	if c.Workers == 0 {
 		c.Workers = 4
@@ -121,11 +112,6 @@ func (c *Config) EnsureDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-}
-
-// electionTimeout is the election timeout in wall time.
-func (c *Config) electionTimeout() time.Duration {
-	return time.Duration(c.ElectionTicks) * c.TickInterval
 }
 
 // Validate reports every problem with the configuration at once.

@@ -150,12 +150,6 @@ type Group struct {
 	// lastContact is, for each voter, the tick (ticked) an append or a
 	// heartbeat last went to it (heartbeatNeedless); worker-owned.
 	lastContact map[uint64]uint64
-	// leaderFrom and leaderSeen: the node whose append, heartbeat or
-	// snapshot this replica last took, and when it took it (drainInbox);
-	// holdElection holds only for that node's leadership, and for at most
-	// Config.ElectionHold after its last message. Worker-owned.
-	leaderFrom uint64
-	leaderSeen time.Time
 	// learnerQuiet counts the heartbeats left out to each learner since
 	// the last one sent (heartbeatNeedless); worker-owned.
 	learnerQuiet map[uint64]int
@@ -652,9 +646,9 @@ func (g *Group) drainInbox() {
 		}
 	}
 
-	hold := ticks+ticksAfter > 0 && g.holdElection(time.Now())
 	for i := 0; i < ticks; i++ {
-		g.tick(hold)
+		g.rn.Tick()
+		g.ticked++
 	}
 	if campaign {
 		_ = g.rn.Campaign()
@@ -675,13 +669,6 @@ func (g *Group) drainInbox() {
 		transferred <- false
 	}
 	for i := range msgs {
-		switch msgs[i].Type {
-		case raftpb.MsgApp, raftpb.MsgHeartbeat, raftpb.MsgSnap:
-			// Only a leader sends these; one of a stale term is noted
-			// too, but holds nothing: holdElection asks for the node
-			// raft follows now.
-			g.leaderFrom, g.leaderSeen = msgs[i].From, time.Now()
-		}
 		// Errors here are messages from unknown peers or stale terms;
 		// raft has already dropped them.
 		_ = g.rn.Step(msgs[i])
@@ -691,62 +678,10 @@ func (g *Group) drainInbox() {
 	// let a leader find "no quorum active" (CheckQuorum) nor a follower
 	// "no leader" by counting time past messages that had arrived.
 	for i := 0; i < ticksAfter; i++ {
-		g.tick(hold)
+		g.rn.Tick()
+		g.ticked++
 	}
 	g.propose(props)
-}
-
-// tick advances the group's raft clock by one tick, or, held (see
-// holdElection), only the group's count of the host's ticks (ticked).
-func (g *Group) tick(hold bool) {
-	g.ticked++
-	if hold {
-		g.host.metrics.ticksHeld.Inc()
-		return
-	}
-	g.rn.Tick()
-}
-
-// holdElection reports whether this replica, a follower, leaves its tick
-// out of raft's clock: its election timer then does not run, so it
-// neither campaigns nor grants another's pre-vote (raft's CheckQuorum
-// lease). It holds while
-//
-//   - it follows a leader on another node, and took an append, heartbeat
-//     or snapshot from that node within Config.ElectionHold;
-//   - and raft messages of any group came from that node within an
-//     election timeout.
-//
-// A follower's clock otherwise measures how long its leader's messages
-// have been late, and a leader's messages are late on a node that is
-// starved of CPU (a throttled container): its ticks run late (runTicker),
-// so its quiet heartbeats (heartbeatNeedless: every third of an election
-// timeout of its own ticks) go out seconds apart in wall time, while its
-// followers on nodes with CPU to spare tick on time. Such followers
-// elected new leaders for idle and busy groups alike, tens of times in a
-// scaling benchmark's 4-minute window at 6 nodes, where the nodes' loads
-// differ (none at 3, where every node carries every group): each election
-// stalls the group's writes for an election timeout or more and fails
-// the deposed leader's writes in flight, and the balancer then moves the
-// leadership back. A node whose raft messages still arrive is alive; its
-// leadership is the balancer's to move (by load), not an election's.
-//
-// What holding costs: a leader whose node is alive but that stopped
-// leading this group without a successor (its replica removed, the node
-// restarted within an election timeout) is replaced Config.ElectionHold
-// later than otherwise. A leader's node that falls silent (stopped,
-// partitioned, paused) holds nothing: its followers elect as before.
-// Holding only delays elections, which raft's safety does not depend on;
-// the TSO confirms its leadership with a read-index round, not a lease.
-func (g *Group) holdElection(now time.Time) bool {
-	h := g.host
-	if h == nil || h.cfg.ElectionHold < 0 || g.isLeader || g.lead == 0 || g.lead == h.cfg.NodeID {
-		return false
-	}
-	if g.leaderFrom != g.lead || now.Sub(g.leaderSeen) > h.cfg.ElectionHold {
-		return false
-	}
-	return h.heardWithin(g.lead, h.cfg.electionTimeout(), now)
 }
 
 // pruneHeartbeatState forgets what heartbeatNeedless kept about nodes

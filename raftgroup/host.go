@@ -35,10 +35,6 @@ type Host struct {
 	// heartbeats (heartbeatNeedless): a third of the election timeout;
 	// 0 when that is not above the heartbeat interval.
 	quietEvery uint64
-	// heard is, for each peer node, when a batch of its raft messages
-	// last reached this node (Deliver): a *atomic.Int64 of Unix
-	// nanoseconds by node ID. See Group.holdElection.
-	heard sync.Map
 
 	mu struct {
 		sync.RWMutex
@@ -401,12 +397,7 @@ func (h *Host) ReportUnreachable(group, node uint64) {
 // for a group not hosted here creates its replica (see Config.NewReplica);
 // other messages for such groups are dropped.
 func (h *Host) Deliver(msgs []GroupMessage) {
-	var from uint64
 	for _, m := range msgs {
-		if m.Msg.From != from {
-			from = m.Msg.From
-			h.noteHeard(from)
-		}
 		var g *Group
 		var err error
 		switch m.Msg.Type {
@@ -429,27 +420,6 @@ func (h *Host) Deliver(msgs []GroupMessage) {
 		g.inbox.Unlock()
 		h.sched.enqueue(g)
 	}
-}
-
-// noteHeard records that raft messages from node arrived now.
-func (h *Host) noteHeard(node uint64) {
-	now := time.Now().UnixNano()
-	if v, ok := h.heard.Load(node); ok {
-		v.(*atomic.Int64).Store(now)
-		return
-	}
-	v := new(atomic.Int64)
-	v.Store(now)
-	if old, loaded := h.heard.LoadOrStore(node, v); loaded {
-		old.(*atomic.Int64).Store(now)
-	}
-}
-
-// heardWithin reports whether raft messages from node arrived here within
-// d before now.
-func (h *Host) heardWithin(node uint64, d time.Duration, now time.Time) bool {
-	v, ok := h.heard.Load(node)
-	return ok && now.UnixNano()-v.(*atomic.Int64).Load() <= d.Nanoseconds()
 }
 
 func (h *Host) runWorker() {

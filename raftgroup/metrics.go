@@ -24,7 +24,6 @@ type metrics struct {
 	messagesReceived  *prometheus.CounterVec
 	receivedByType    map[raftpb.MessageType]prometheus.Counter // messagesReceived's children of the types peers send (read-only)
 	heartbeatsSkipped prometheus.Counter
-	ticksHeld         prometheus.Counter
 	leadership        map[bool]prometheus.Counter // brain_raft_leadership_changes_total's children: gained (true), lost (false)
 	leader            *prometheus.GaugeVec
 	term              *prometheus.GaugeVec
@@ -95,10 +94,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		heartbeatsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_heartbeats_skipped_total", Help: "Raft heartbeats not sent because the follower got an append since the last one.",
 		}),
-		ticksHeld: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "brain_raft_election_ticks_held_total",
-			Help: "Ticks followers left out of their election clocks because their leader's node was heard from while the leader's own messages were late (Group.holdElection).",
-		}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "brain_raft_is_leader", Help: "1 if this node leads the raft group (and is ready to serve), else 0.",
 		}, []string{"group"}),
@@ -122,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, m.ticksHeld, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
