@@ -285,9 +285,17 @@ func New(cfg Config) (*Partition, error) {
 	if err := p.loadSplits(); err != nil {
 		return nil, err
 	}
-	start, end := p.Span()
-	if _, err := p.index.load(p.db, start, end); err != nil {
-		return nil, err
+	// A replica added to its group has no span until its first snapshot
+	// (SnapshotApplied loads the index then). Its unset span reads as the
+	// whole key space: loading the index over it would read every key of
+	// every partition on the node, and a node creates added replicas under
+	// its raft host's lock, so no group there ticks or hears its peers
+	// meanwhile.
+	if p.initialized.Load() {
+		start, end := p.Span()
+		if _, err := p.index.load(p.db, start, end); err != nil {
+			return nil, err
+		}
 	}
 	p.closed.Store(p.sm.closed)
 	p.compact.Store(p.sm.compact)

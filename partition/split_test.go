@@ -192,3 +192,64 @@ func TestCheckSnapshotRefusesOverlap(t *testing.T) {
 		}
 	}
 }
+
+// TestAddedReplicaIndexesNothingUntilItsSnapshot: a replica a leader adds
+// to this node (no span until its first snapshot) must not index the
+// node's keys. Its unset span reads as the whole key space, and the node
+// creates it under its raft host's lock: indexing every key of every
+// partition there stalled all of the node's groups (at 0.1 CPU, seconds;
+// its leaderships went to elections). A replica reopened with its
+// persisted span indexes its keys as before.
+func TestAddedReplicaIndexesNothingUntilItsSnapshot(t *testing.T) {
+	db := openDB(t)
+	p, err := New(Config{ID: 100, Start: []byte{}, End: []byte("n"), DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := host.CreateGroup(100, []uint64{1}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Bind(g)
+	host.Start()
+	t.Cleanup(func() { p.Close(); host.Stop() })
+	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+	}
+	for _, k := range []string{"a", "b", "c", "m"} {
+		if _, err := p.Txn(context.Background(), put(k, "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := p.Keys(); n != 4 {
+		t.Fatalf("leader indexes %d keys, want 4", n)
+	}
+
+	added, err := New(Config{ID: 200, DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added.Initialized() {
+		t.Fatal("a replica without a span is initialized")
+	}
+	if n := added.Keys(); n != 0 {
+		t.Fatalf("a replica without a span indexes %d keys (another partition's), want 0", n)
+	}
+
+	reopened, err := New(Config{ID: 100, DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reopened.Initialized() {
+		t.Fatal("a replica with a persisted span is not initialized")
+	}
+	if n := reopened.Keys(); n != 4 {
+		t.Fatalf("a replica reopened with its span indexes %d keys, want 4", n)
+	}
+}
