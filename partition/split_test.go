@@ -21,27 +21,8 @@ func TestSplit(t *testing.T) {
 	revs := newFakeRevs()
 	var splits []SplitRecord
 	splitDone := make(chan struct{}, 1)
-	p, err := New(Config{ID: 100, Start: []byte{}, DB: db, Revisions: revs, Leases: allLeases{},
+	p := leadingPartition(t, Config{ID: 100, Start: []byte{}, DB: db, Revisions: revs, Leases: allLeases{},
 		OnSplit: func(r SplitRecord) { splits = append(splits, r); splitDone <- struct{}{} }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := host.CreateGroup(100, []uint64{1}, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Bind(g)
-	host.Start()
-	t.Cleanup(func() { p.Close(); host.Stop() })
-	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
-		}
-	}
 	ctx := context.Background()
 	// One txn writes keys on both sides of the split key.
 	both := &pb.TxnRequest{Success: []*pb.RequestOp{
@@ -202,26 +183,7 @@ func TestCheckSnapshotRefusesOverlap(t *testing.T) {
 // persisted span indexes its keys as before.
 func TestAddedReplicaIndexesNothingUntilItsSnapshot(t *testing.T) {
 	db := openDB(t)
-	p, err := New(Config{ID: 100, Start: []byte{}, End: []byte("n"), DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := host.CreateGroup(100, []uint64{1}, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Bind(g)
-	host.Start()
-	t.Cleanup(func() { p.Close(); host.Stop() })
-	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
-		}
-	}
+	p := leadingPartition(t, Config{ID: 100, Start: []byte{}, End: []byte("n"), DB: db, Revisions: newFakeRevs(), Leases: allLeases{}})
 	for _, k := range []string{"a", "b", "c", "m"} {
 		if _, err := p.Txn(context.Background(), put(k, "v")); err != nil {
 			t.Fatal(err)
@@ -252,4 +214,31 @@ func TestAddedReplicaIndexesNothingUntilItsSnapshot(t *testing.T) {
 	if n := reopened.Keys(); n != 4 {
 		t.Fatalf("a replica reopened with its span indexes %d keys, want 4", n)
 	}
+}
+
+// leadingPartition opens partition cfg.ID in cfg.DB as the one voter of
+// its raft group on a host of its own, and waits until it leads.
+func leadingPartition(t *testing.T, cfg Config) *Partition {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := raftgroup.NewHost(raftgroup.Config{NodeID: 1, TickInterval: 10 * time.Millisecond}, cfg.DB, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := host.CreateGroup(cfg.ID, []uint64{1}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Bind(g)
+	host.Start()
+	t.Cleanup(func() { p.Close(); host.Stop() })
+	for deadline := time.Now().Add(5 * time.Second); !p.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+	}
+	return p
 }
