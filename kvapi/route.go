@@ -3,6 +3,8 @@ package kvapi
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -95,9 +97,25 @@ func isNotLeader(err error) bool {
 // that prove the request was not executed (NotLeader, or a node that could
 // not be reached when idempotent is set) are retried.
 func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, local func() (bool, error), args func() ([]byte, error), decode func([]byte) error) error {
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var enc []byte
+	// Why the last attempt was retried, for the log line of a call that
+	// gives up: the node it went to (0: none known) and its answer.
+	var lastNode uint64
+	lastWhy := "no leader known"
+	start := time.Now()
+	giveUp := func() error {
+		level := slog.LevelWarn
+		if parent.Err() != nil {
+			level = slog.LevelDebug // the caller stopped waiting, not this call
+		}
+		s.log.Log(context.Background(), level, "no leader reachable for a call; giving up", "group", group, "op", op,
+			"waited", time.Since(start).Round(time.Millisecond), "last_node", strconv.FormatUint(lastNode, 16), "last_answer", lastWhy)
+		return ErrNoLeader
+	}
+	var probed time.Time // when findLeader last ran
 	for {
 		if local != nil {
 			served, err := local()
@@ -106,9 +124,17 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			}
 		}
 		leader := s.leaderOf(group)
+		if leader == 0 && s.rpc != nil && time.Since(probed) >= probeInterval {
+			probed = time.Now()
+			if leader = s.findLeader(ctx, group); leader != 0 {
+				s.hints.set(group, leader)
+			}
+		}
+		lastNode = leader
 		if s.rpc == nil || leader == 0 {
+			lastWhy = "no leader known"
 			if err := sleep(ctx, retryBackoff); err != nil {
-				return ErrNoLeader
+				return giveUp()
 			}
 			s.hints.set(group, 0)
 			continue
@@ -125,9 +151,10 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			// call would be served here.
 			res, err := s.HandleCall(ctx, &CallRequest{Op: op, Group: group, Args: enc})
 			if err != nil && (errors.Is(err, ErrNoReplica) || isNotLeader(err)) {
+				lastWhy = err.Error()
 				s.hints.set(group, 0)
 				if err := sleep(ctx, retryBackoff); err != nil {
-					return ErrNoLeader
+					return giveUp()
 				}
 				continue
 			}
@@ -146,26 +173,29 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 		var un *unavailableError
 		switch {
 		case errors.As(err, &nl):
+			lastWhy = err.Error()
 			if nl.Leader == leader {
 				nl.Leader = 0
 			}
 			s.hints.set(group, nl.Leader)
 			if nl.Leader == 0 {
 				if err := sleep(ctx, retryBackoff); err != nil {
-					return ErrNoLeader
+					return giveUp()
 				}
 			}
 			continue
 		case errors.Is(err, ErrNoReplica):
 			// The leader's node does not serve its replica yet (it just
 			// started or was added): the call did not execute.
+			lastWhy = err.Error()
 			s.hints.set(group, 0)
 			if err := sleep(ctx, retryBackoff); err != nil {
-				return ErrNoLeader
+				return giveUp()
 			}
 			continue
 		case errors.As(err, &un):
 			s.hints.set(group, 0)
+			lastWhy = err.Error()
 			if !idempotent && !un.notSent {
 				// It may have executed: before the connection broke, or
 				// after the caller stopped waiting. Never "no leader",
@@ -177,10 +207,10 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 				return partition.ErrLeaderChanged
 			}
 			if ctx.Err() != nil {
-				return ErrNoLeader
+				return giveUp()
 			}
 			if err := sleep(ctx, retryBackoff); err != nil {
-				return ErrNoLeader
+				return giveUp()
 			}
 			continue
 		case err != nil:
@@ -191,6 +221,52 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 		}
 		return nil
 	}
+}
+
+// probeInterval spaces a call's findLeader rounds: a group without a
+// leader (an election) is asked again only this often.
+const probeInterval = 250 * time.Millisecond
+
+// findLeader asks every peer which node leads group, and returns the
+// first leader named (0: none within attemptTimeout). The replicas
+// answer from their raft state: the leader with its group's info, a
+// follower with NotLeader naming its leader; other nodes have no
+// replica. Only a call that no hint routes runs it.
+func (s *Store) findLeader(ctx context.Context, group uint64) uint64 {
+	if s.peers == nil {
+		return 0
+	}
+	peers := s.peers()
+	if len(peers) == 0 {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	found := make(chan uint64, len(peers))
+	for _, n := range peers {
+		go func() {
+			res, err := s.rpc.Call(ctx, n, &CallRequest{Op: OpGroupInfo, Group: group})
+			var nl *NotLeaderError
+			switch {
+			case err == nil:
+				info, derr := decodeGroupInfo(res)
+				if derr == nil && info.Leader != 0 {
+					found <- info.Leader
+					return
+				}
+			case errors.As(err, &nl) && nl.Leader != 0 && nl.Leader != n:
+				found <- nl.Leader
+				return
+			}
+			found <- 0
+		}()
+	}
+	for range peers {
+		if l := <-found; l != 0 {
+			return l
+		}
+	}
+	return 0
 }
 
 // SetLocal installs (or, with nil, removes) this node's replica of

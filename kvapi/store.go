@@ -113,7 +113,12 @@ type Config struct {
 	RPC *Client
 	// LeaderHint returns the node believed to lead a group (0: unknown).
 	LeaderHint func(group uint64) uint64
-	Logger     *slog.Logger
+	// Peers lists the other nodes believed up (nil: none). A call for a
+	// group whose leader no hint names asks them (findLeader): gossip,
+	// which LeaderHint reads for groups without a replica here, can miss
+	// an update and hold the gap until its next full sync.
+	Peers  func() []uint64
+	Logger *slog.Logger
 	// Quota, if set, is consulted before every write; see Store.quota.
 	Quota func(n int) error
 	// Groups returns the status of this node's replica of a group.
@@ -148,6 +153,7 @@ type Store struct {
 	meta       *meta.Meta
 	rpc        *Client
 	leaderHint func(uint64) uint64
+	peers      func() []uint64
 	hints      hints
 	log        *slog.Logger
 
@@ -188,7 +194,7 @@ func NewStore(cfg Config) (*Store, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
-		leaderHint: cfg.LeaderHint, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
+		leaderHint: cfg.LeaderHint, peers: cfg.Peers, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
 		groups: cfg.Groups, alive: cfg.Alive, clusterInfo: cfg.ClusterInfo, groupLock: cfg.GroupLock,
 		stopc: make(chan struct{})}
 	s.slots.m = make(map[uint64]*slot)

@@ -121,9 +121,10 @@ func putRound(t *testing.T, ctx context.Context, cl *clientv3.Client, round int,
 	for i := 0; i < 10; i++ {
 		for _, k := range memberKeys {
 			key, val := fmt.Sprintf("%s/%d", k, i), fmt.Sprint(round)
+			start := time.Now()
 			r, err := cl.Put(ctx, key, val)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("put %s (round %d) failed after %v: %v", key, round, time.Since(start).Round(time.Millisecond), err)
 			}
 			writes = append(writes, write{key, val, r.Header.Revision})
 		}

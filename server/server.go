@@ -311,7 +311,7 @@ func (s *Server) open() error {
 	s.quota = newQuota(db, s.id.MemberID, cfg.QuotaBackendBytes)
 	if s.store, err = kvapi.NewStore(kvapi.Config{
 		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
-		RPC: s.rpc, LeaderHint: s.leaderHint, Logger: s.log, Quota: s.quota.check,
+		RPC: s.rpc, LeaderHint: s.leaderHint, Peers: s.alivePeers, Logger: s.log, Quota: s.quota.check,
 		Groups: s.groupStatus, Alive: s.alive, ClusterInfo: s.clusterInfo, GroupLock: s.transferLock,
 	}); err != nil {
 		return err
@@ -472,6 +472,20 @@ func (s *Server) leaderHint(group uint64) uint64 {
 		}
 	}
 	return 0
+}
+
+// alivePeers lists the other nodes gossip believes up.
+func (s *Server) alivePeers() []uint64 {
+	if s.membership == nil {
+		return nil
+	}
+	var out []uint64
+	for _, n := range s.membership.Nodes() {
+		if n.Alive && n.Info.ID != s.id.MemberID {
+			out = append(out, n.Info.ID)
+		}
+	}
+	return out
 }
 
 // publishLeads gossips the groups this node leads, and its leader load
