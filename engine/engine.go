@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -79,6 +80,8 @@ func Open(cfg Config) (*pebble.DB, error) {
 		// the compaction counters in /metrics move more than expected.
 		l := pebble.MakeLoggingEventListener(opts.Logger)
 		opts.EventListener = &l
+	} else {
+		opts.EventListener = infoEvents(cfg.Logger.With("component", "pebble"))
 	}
 	separateValues(opts, cfg.ValueSeparationMinBytes)
 	opts.EnsureDefaults()
@@ -93,6 +96,45 @@ func Open(cfg Config) (*pebble.DB, error) {
 		return nil, fmt.Errorf("engine: open %s: %w", cfg.Dir, err)
 	}
 	return db, nil
+}
+
+// longCompaction is how long a compaction runs before it is logged at
+// info.
+const longCompaction = 2 * time.Second
+
+// infoEvents logs, at info, each memtable flush and each compaction that
+// ran longer than longCompaction: one line per flush (a memtable's worth
+// of writes) and few per compaction, so a stall of the node's raft groups
+// can be lined up with the storage work around it.
+func infoEvents(log *slog.Logger) *pebble.EventListener {
+	return &pebble.EventListener{
+		FlushEnd: func(i pebble.FlushInfo) {
+			if i.Err != nil {
+				log.Warn("memtable flush failed", "job", i.JobID, "err", i.Err)
+				return
+			}
+			var out uint64
+			for _, t := range i.Output {
+				out += t.Size
+			}
+			log.Info("memtables flushed", "job", i.JobID, "reason", i.Reason, "memtables", i.Input,
+				"in_bytes", i.InputBytes, "out_bytes", out, "took", i.TotalDuration.Round(time.Millisecond))
+		},
+		CompactionEnd: func(i pebble.CompactionInfo) {
+			if i.Err != nil {
+				log.Warn("compaction failed", "job", i.JobID, "reason", i.Reason, "err", i.Err)
+				return
+			}
+			if i.TotalDuration >= longCompaction {
+				var out uint64
+				for _, t := range i.Output.Tables {
+					out += t.Size
+				}
+				log.Info("long compaction", "job", i.JobID, "reason", i.Reason, "to_level", i.Output.Level,
+					"out_bytes", out, "took", i.TotalDuration.Round(time.Millisecond))
+			}
+		},
+	}
 }
 
 // bloomPolicy uses 10 bits per key (about 1% false positives).
