@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -81,7 +82,7 @@ func Open(cfg Config) (*pebble.DB, error) {
 		l := pebble.MakeLoggingEventListener(opts.Logger)
 		opts.EventListener = &l
 	} else {
-		opts.EventListener = infoEvents(cfg.Logger.With("component", "pebble"))
+		opts.EventListener = infoEvents(cfg.Logger.With("component", "pebble"), cfg.FS)
 	}
 	separateValues(opts, cfg.ValueSeparationMinBytes)
 	opts.EnsureDefaults()
@@ -105,36 +106,76 @@ const longCompaction = 2 * time.Second
 // infoEvents logs, at info, each memtable flush and each compaction that
 // ran longer than longCompaction: one line per flush (a memtable's worth
 // of writes) and few per compaction, so a stall of the node's raft groups
-// can be lined up with the storage work around it.
-func infoEvents(log *slog.Logger) *pebble.EventListener {
+// can be lined up with the storage work around it. A line's out_bytes
+// counts both the sstables and the blob files (separated values) the job
+// wrote; blob_bytes is the blob files' part. Pebble reports a job's
+// sstables with its end but its blob files only as they are created, so
+// infoEvents keeps their paths by job and reads their sizes from fs.
+func infoEvents(log *slog.Logger, fs vfs.FS) *pebble.EventListener {
+	var blobs jobBlobs
 	return &pebble.EventListener{
+		BlobFileCreated: func(i pebble.BlobFileCreateInfo) { blobs.add(i.JobID, i.Path) },
 		FlushEnd: func(i pebble.FlushInfo) {
+			blob := blobs.take(i.JobID, fs)
 			if i.Err != nil {
 				log.Warn("memtable flush failed", "job", i.JobID, "err", i.Err)
 				return
 			}
-			var out uint64
+			out := blob
 			for _, t := range i.Output {
 				out += t.Size
 			}
 			log.Info("memtables flushed", "job", i.JobID, "reason", i.Reason, "memtables", i.Input,
-				"in_bytes", i.InputBytes, "out_bytes", out, "took", i.TotalDuration.Round(time.Millisecond))
+				"in_bytes", i.InputBytes, "out_bytes", out, "blob_bytes", blob, "took", i.TotalDuration.Round(time.Millisecond))
 		},
 		CompactionEnd: func(i pebble.CompactionInfo) {
+			blob := blobs.take(i.JobID, fs)
 			if i.Err != nil {
 				log.Warn("compaction failed", "job", i.JobID, "reason", i.Reason, "err", i.Err)
 				return
 			}
 			if i.TotalDuration >= longCompaction {
-				var out uint64
+				out := blob
 				for _, t := range i.Output.Tables {
 					out += t.Size
 				}
 				log.Info("long compaction", "job", i.JobID, "reason", i.Reason, "to_level", i.Output.Level,
-					"out_bytes", out, "took", i.TotalDuration.Round(time.Millisecond))
+					"out_bytes", out, "blob_bytes", blob, "took", i.TotalDuration.Round(time.Millisecond))
 			}
 		},
 	}
+}
+
+// jobBlobs holds the paths of the blob files each flush or compaction
+// job created, until the job ends.
+type jobBlobs struct {
+	mu sync.Mutex
+	m  map[int][]string // job ID -> paths; protected by mu
+}
+
+func (b *jobBlobs) add(job int, path string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = make(map[int][]string)
+	}
+	b.m[job] = append(b.m[job], path)
+}
+
+// take forgets job's blob files and returns their total size (a file
+// that cannot be read counts 0).
+func (b *jobBlobs) take(job int, fs vfs.FS) uint64 {
+	b.mu.Lock()
+	paths := b.m[job]
+	delete(b.m, job)
+	b.mu.Unlock()
+	var n uint64
+	for _, p := range paths {
+		if st, err := fs.Stat(p); err == nil {
+			n += uint64(st.Size())
+		}
+	}
+	return n
 }
 
 // bloomPolicy uses 10 bits per key (about 1% false positives).

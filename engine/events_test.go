@@ -3,6 +3,9 @@ package engine
 import (
 	"bytes"
 	"log/slog"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -21,9 +24,19 @@ func TestFlushesLoggedAtInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
+	rnd := rand.New(rand.NewPCG(1, 2))
 	for round := 0; round < 2; round++ {
 		for i := 0; i < 100; i++ {
+			// Raft-log-like keys stay in the sstables; user data this
+			// large goes to blob files.
 			if err := db.Set([]byte{'k', byte(round), byte(i)}, bytes.Repeat([]byte{'v'}, 100), pebble.NoSync); err != nil {
+				t.Fatal(err)
+			}
+			v := make([]byte, 1000)
+			for j := range v {
+				v[j] = byte(rnd.Uint32())
+			}
+			if err := db.Set([]byte{MVCCPrefix, byte(round), byte(i)}, v, pebble.NoSync); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -38,6 +51,19 @@ func TestFlushesLoggedAtInfo(t *testing.T) {
 	for _, want := range []string{"in_bytes=", "out_bytes=", "took=", "component=pebble"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("flush line without %s:\n%s", want, out)
+		}
+	}
+	// Each flush wrote 100 random 1000-byte values to a blob file, and the
+	// rest to an sstable.
+	sizes := regexp.MustCompile(`out_bytes=(\d+) blob_bytes=(\d+)`).FindAllStringSubmatch(out, -1)
+	if len(sizes) != 2 {
+		t.Fatalf("%d flush lines with out_bytes and blob_bytes, want 2:\n%s", len(sizes), out)
+	}
+	for _, m := range sizes {
+		total, _ := strconv.Atoi(m[1])
+		blob, _ := strconv.Atoi(m[2])
+		if blob < 100*1000 || total <= blob {
+			t.Errorf("a flush line says out_bytes=%d blob_bytes=%d; want its blob files (at least 100000 bytes) and its sstables counted", total, blob)
 		}
 	}
 	if strings.Contains(out, "level=DEBUG") {
