@@ -320,6 +320,24 @@ func (m *Membership) update(node *memberlist.Node, alive bool) {
 		n.alive = alive
 		m.log.Info("node liveness changed", "node", fmt.Sprintf("%x", info.ID), "name", info.Name, "alive", alive)
 	}
+	if !alive || !info.LeadsOmitted {
+		// A node that no longer lists a group it was the last to claim
+		// (it stepped down, or moved the leadership away) or that died
+		// leads it no more as far as it knows: forget the claim rather
+		// than route there until another node claims the group. A
+		// caller that finds no hint asks the group's replicas instead.
+		listed := make(map[uint64]bool, len(info.Leads))
+		if alive {
+			for _, g := range info.Leads {
+				listed[g] = true
+			}
+		}
+		for g, r := range m.mu.leader {
+			if r.node == info.ID && !listed[g] {
+				delete(m.mu.leader, g)
+			}
+		}
+	}
 	if alive {
 		now := time.Now()
 		for _, g := range info.Leads {

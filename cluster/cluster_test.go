@@ -19,8 +19,9 @@ func freePort(t *testing.T) int {
 }
 
 // TestGossipMembershipAndLeaders starts three memberships, checks that each
-// learns the others' addresses, leaderships and loads, and that a stopped
-// node is reported dead (and has no load).
+// learns the others' addresses, leaderships and loads, that a leadership a
+// node stops listing is forgotten, and that a stopped node is reported dead
+// (and has no load or leaderships).
 func TestGossipMembershipAndLeaders(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var ms []*Membership
@@ -74,8 +75,32 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 		}
 		return true
 	})
+	// A node that stops listing a group (it stepped down) no longer leads
+	// it as far as gossip says, and neither does a node that died.
+	ms[1].SetLeadsAndLoad([]uint64{7}, NodeLoad{})
+	ms[2].SetLeadsAndLoad([]uint64{9}, NodeLoad{Load: 250.5, Recent: 300.25, Unmeasured: 2, Windows: 7})
+	eventually(t, func() bool {
+		for _, m := range ms {
+			if _, ok := m.LeaderHint(100); ok {
+				return false
+			}
+			if l, ok := m.LeaderHint(7); !ok || l != 2 {
+				return false
+			}
+			if l, ok := m.LeaderHint(9); !ok || l != 3 {
+				return false
+			}
+		}
+		return true
+	})
 	ms[2].Stop()
 	eventually(t, func() bool { return !ms[0].Alive(3) && ms[0].DownFor(3) > 0 })
+	if l, ok := ms[0].LeaderHint(9); ok {
+		t.Errorf("gossip says dead node %d leads group 9", l)
+	}
+	if l, ok := ms[0].LeaderHint(7); !ok || l != 2 {
+		t.Errorf("gossip says %d (%v) leads group 7 after another node died, want 2", l, ok)
+	}
 	if _, ok := ms[0].Published()[3]; ok {
 		t.Fatal("a dead node's load is still listed")
 	}

@@ -284,12 +284,19 @@ func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error
 	return nil, errCorruptCall
 }
 
-// LeaderOf implements Handler.
+// LeaderOf implements Handler: the leader a "not leader" answer names.
+// It never names this node, which has just found it does not lead group
+// although gossip may still say it does (its claim outlives a step-down
+// until its next publication reaches the peers): naming itself would send
+// the caller straight back.
 func (s *Store) LeaderOf(group uint64) uint64 {
 	if s.leaderHint == nil {
 		return 0
 	}
-	return s.leaderHint(group)
+	if l := s.leaderHint(group); l != s.self {
+		return l
+	}
+	return 0
 }
 
 type marshaler interface{ Marshal() ([]byte, error) }

@@ -115,7 +115,14 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			"waited", time.Since(start).Round(time.Millisecond), "last_node", strconv.FormatUint(lastNode, 16), "last_answer", lastWhy)
 		return ErrNoLeader
 	}
-	var probed time.Time // when findLeader last ran
+	// refused is the node that last said (at refusedAt) it does not lead
+	// group without naming another leader: the hints may still name it
+	// (gossip outlives a step-down), so the call asks the group's
+	// replicas instead, and tries it again only if a probe that started
+	// after its refusal names it.
+	var refused uint64
+	var refusedAt time.Time
+	refuse := func(node uint64) { refused, refusedAt = node, time.Now() }
 	for {
 		if local != nil {
 			served, err := local()
@@ -124,10 +131,14 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			}
 		}
 		leader := s.leaderOf(group)
-		if leader == 0 && s.rpc != nil && time.Since(probed) >= probeInterval {
-			probed = time.Now()
-			if leader = s.findLeader(ctx, group); leader != 0 {
-				s.hints.set(group, leader)
+		if leader != 0 && leader == refused {
+			leader = 0
+		}
+		if leader == 0 && s.rpc != nil {
+			var asked time.Time
+			leader, asked = s.probeLeader(ctx, group)
+			if leader != 0 && leader == refused && asked.Before(refusedAt) {
+				leader = 0 // the probe's answer predates the refusal
 			}
 		}
 		lastNode = leader
@@ -152,6 +163,7 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			res, err := s.HandleCall(ctx, &CallRequest{Op: op, Group: group, Args: enc})
 			if err != nil && (errors.Is(err, ErrNoReplica) || isNotLeader(err)) {
 				lastWhy = err.Error()
+				refuse(s.self)
 				s.hints.set(group, 0)
 				if err := sleep(ctx, retryBackoff); err != nil {
 					return giveUp()
@@ -179,6 +191,7 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			}
 			s.hints.set(group, nl.Leader)
 			if nl.Leader == 0 {
+				refuse(leader)
 				if err := sleep(ctx, retryBackoff); err != nil {
 					return giveUp()
 				}
@@ -186,8 +199,10 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 			continue
 		case errors.Is(err, ErrNoReplica):
 			// The leader's node does not serve its replica yet (it just
-			// started or was added): the call did not execute.
+			// started or was added), or no longer has one: the call did
+			// not execute.
 			lastWhy = err.Error()
+			refuse(leader)
 			s.hints.set(group, 0)
 			if err := sleep(ctx, retryBackoff); err != nil {
 				return giveUp()
@@ -223,15 +238,100 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 	}
 }
 
-// probeInterval spaces a call's findLeader rounds: a group without a
-// leader (an election) is asked again only this often.
+// probeInterval spaces a group's findLeader rounds: a group without a
+// leader (an election) is asked about again only this often, however
+// many calls wait for it.
 const probeInterval = 250 * time.Millisecond
+
+// probes shares findLeader rounds between the calls for a group: a call
+// that finds a round under way, or one that ended less than probeInterval
+// ago, takes its answer instead of asking every peer itself. Without it,
+// each of many calls for a group no node has gossiped (a fresh split
+// child) would ask every peer every probeInterval.
+type probes struct {
+	mu sync.Mutex
+	m  map[uint64]*probe // group -> its latest round; protected by mu
+}
+
+// probe is one findLeader round. leader and at are set before done is
+// closed.
+type probe struct {
+	done    chan struct{}
+	started time.Time
+	leader  uint64    // the leader named, 0: none
+	at      time.Time // when the round ended
+}
+
+// probeLeader returns the leader of group that the latest findLeader
+// round named (0: none) and when that round started, starting a round if
+// none is under way or the last ended probeInterval ago or more. It waits for the round until ctx
+// ends; the round itself is not bound to ctx, as other calls may wait
+// for it (findLeader bounds it by attemptTimeout, and it ends when the
+// store stops).
+func (s *Store) probeLeader(ctx context.Context, group uint64) (uint64, time.Time) {
+	s.probes.mu.Lock()
+	p := s.probes.m[group]
+	if p == nil || p.ended() && time.Since(p.at) >= probeInterval {
+		if s.probes.m == nil {
+			s.probes.m = make(map[uint64]*probe)
+		}
+		if len(s.probes.m) >= maxProbes {
+			for g, q := range s.probes.m {
+				if q.ended() && time.Since(q.at) >= probeInterval {
+					delete(s.probes.m, g)
+				}
+			}
+		}
+		p = &probe{done: make(chan struct{}), started: time.Now()}
+		s.probes.m[group] = p
+		go func() {
+			pctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-s.stopc: // the store stops: end the round now
+				case <-pctx.Done():
+				}
+				cancel()
+			}()
+			leader := s.findLeader(pctx, group)
+			cancel()
+			if leader != 0 {
+				s.hints.set(group, leader)
+			}
+			s.probes.mu.Lock()
+			p.leader, p.at = leader, time.Now()
+			close(p.done)
+			s.probes.mu.Unlock()
+		}()
+	}
+	s.probes.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.leader, p.started
+	case <-ctx.Done():
+		return 0, p.started
+	}
+}
+
+// maxProbes is how many groups' rounds probes keeps before it drops the
+// ones that ended probeInterval ago or more.
+const maxProbes = 1024
+
+func (p *probe) ended() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // findLeader asks every peer which node leads group, and returns the
 // first leader named (0: none within attemptTimeout). The replicas
 // answer from their raft state: the leader with its group's info, a
 // follower with NotLeader naming its leader; other nodes have no
-// replica. Only a call that no hint routes runs it.
+// replica. Only a call that no hint routes runs it (through
+// probeLeader).
 func (s *Store) findLeader(ctx context.Context, group uint64) uint64 {
 	if s.peers == nil {
 		return 0

@@ -155,6 +155,7 @@ type Store struct {
 	leaderHint func(uint64) uint64
 	peers      func() []uint64
 	hints      hints
+	probes     probes
 	log        *slog.Logger
 
 	// quota returns an error if a write of n more bytes would exceed the
