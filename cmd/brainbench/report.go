@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"text/tabwriter"
 )
 
@@ -28,6 +29,19 @@ func printTable(out io.Writer, results []Result) {
 func printDetails(out io.Writer, r *Result) {
 	if r.FirstError != "" {
 		fmt.Fprintf(out, "%s: %d errors, first: %s\n", r.Name, r.Errors+r.UnmeasuredErrors, r.FirstError)
+	}
+	// The kinds of failure, most frequent first (the first error alone
+	// hid which one most creates of a benchmark round failed with).
+	kinds := make([]string, 0, len(r.ErrorKinds))
+	for k := range r.ErrorKinds {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool {
+		a, b := r.ErrorKinds[kinds[i]], r.ErrorKinds[kinds[j]]
+		return a > b || a == b && kinds[i] < kinds[j]
+	})
+	for _, k := range kinds {
+		fmt.Fprintf(out, "%s: %d failed with: %s\n", r.Name, r.ErrorKinds[k], k)
 	}
 	if r.UnmeasuredOps+r.UnmeasuredErrors > 0 {
 		fmt.Fprintf(out, "%s: measured the last %.2f s; %d operations (%d failed) ended outside it\n", r.Name, r.Seconds, r.UnmeasuredOps+r.UnmeasuredErrors, r.UnmeasuredErrors)

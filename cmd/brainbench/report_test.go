@@ -48,3 +48,19 @@ func TestJSONRoundTripAndComparison(t *testing.T) {
 		t.Errorf("watch row %q does not flag the failed verification", lines[2])
 	}
 }
+
+// TestErrorKindsPrinted checks the details list every kind of failure
+// with its count, most frequent first.
+func TestErrorKindsPrinted(t *testing.T) {
+	r := Result{Name: "create", Errors: 10, FirstError: "op 7: etcdserver: leader changed",
+		ErrorKinds: map[string]int64{"etcdserver: leader changed": 2, "etcdserver: request timed out": 7, "etcdserver: no leader": 1}}
+	var out bytes.Buffer
+	printDetails(&out, &r)
+	want := "create: 10 errors, first: op 7: etcdserver: leader changed\n" +
+		"create: 7 failed with: etcdserver: request timed out\n" +
+		"create: 2 failed with: etcdserver: leader changed\n" +
+		"create: 1 failed with: etcdserver: no leader\n"
+	if out.String() != want {
+		t.Errorf("details:\n%s\nwant:\n%s", out.String(), want)
+	}
+}

@@ -19,6 +19,8 @@ type Result struct {
 	Errors int64 `json:"errors"`
 	// FirstError describes the first failure, if any (measured or not).
 	FirstError string `json:"first_error,omitempty"`
+	// ErrorKinds counts the failures (measured or not) by error message.
+	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
 	// Seconds is the measured wall time; Throughput is Ops per second.
 	Seconds    float64 `json:"seconds"`
 	Throughput float64 `json:"throughput"`
@@ -99,6 +101,7 @@ func newResult(name string, cfg Config, s *loadStats) Result {
 	if s.firstErr != nil {
 		r.FirstError = s.firstErr.Error()
 	}
+	r.ErrorKinds = s.kinds
 	if r.Seconds > 0 {
 		r.Throughput = float64(r.Ops) / r.Seconds
 	}

@@ -74,6 +74,7 @@ type worker struct {
 	errors    int64
 	conflicts int64 // update: failed compares that were retried
 	firstErr  error
+	kinds     map[string]int64 // failures (measured or not) by message
 	// Operations that ended outside the measured window (--measure-last):
 	// successful and failed ones.
 	unmeasured, unmeasuredErrors int64
@@ -105,6 +106,7 @@ type loadStats struct {
 	elapsed   time.Duration
 	hist      Histogram
 	firstErr  error
+	kinds     map[string]int64 // failures (measured or not) by message
 	// Under --measure-last: the operations that ended before the measured
 	// window or after it (the load's in-flight operations draining),
 	// successful and failed; the fields above count the window's only.
@@ -223,8 +225,14 @@ func runOp(ctx context.Context, timeout time.Duration, w *worker, seq int64, op 
 	err := op(opCtx, w, seq)
 	end := time.Now()
 	lat := end.Sub(t)
-	if err != nil && w.firstErr == nil {
-		w.firstErr = fmt.Errorf("op %d: %w", seq, err)
+	if err != nil {
+		if w.firstErr == nil {
+			w.firstErr = fmt.Errorf("op %d: %w", seq, err)
+		}
+		if w.kinds == nil {
+			w.kinds = make(map[string]int64)
+		}
+		w.kinds[err.Error()]++
 	}
 	if !win.contains(end) {
 		if err != nil {
@@ -253,6 +261,12 @@ func collect(workers []*worker, elapsed time.Duration) loadStats {
 		s.unmeasuredErrors += w.unmeasuredErrors
 		if s.firstErr == nil {
 			s.firstErr = w.firstErr
+		}
+		for k, n := range w.kinds {
+			if s.kinds == nil {
+				s.kinds = make(map[string]int64)
+			}
+			s.kinds[k] += n
 		}
 	}
 	s.ops = int64(s.hist.Count())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -29,9 +30,13 @@ func TestMeasureLastCountsTheWindowOnly(t *testing.T) {
 	s := runLoad(context.Background(), "fake", cfg, p, func(ctx context.Context, _ *worker, seq int64) error {
 		calls.Add(1)
 		time.Sleep(5 * time.Millisecond)
-		if seq%10 == 0 {
+		switch {
+		case seq%10 == 0:
 			failing.Add(1)
 			return context.DeadlineExceeded
+		case seq%10 == 5:
+			failing.Add(1)
+			return errFake
 		}
 		return nil
 	}, nil)
@@ -43,6 +48,11 @@ func TestMeasureLastCountsTheWindowOnly(t *testing.T) {
 	}
 	if s.errors+s.unmeasuredErrors != failing.Load() {
 		t.Fatalf("%d+%d failures counted, %d failed", s.errors, s.unmeasuredErrors, failing.Load())
+	}
+	// Every failure is counted by its kind: about as many of each.
+	k1, k2 := s.kinds[context.DeadlineExceeded.Error()], s.kinds[errFake.Error()]
+	if len(s.kinds) != 2 || k1+k2 != failing.Load() || k1 < k2-1 || k1 > k2+1 {
+		t.Fatalf("failures by kind %v, want %d in all, about half %q and half %q", s.kinds, failing.Load(), context.DeadlineExceeded, errFake)
 	}
 	// The window is half the run: about half the operations end in it.
 	if share := float64(s.ops+s.errors) / float64(calls.Load()); share < 0.25 || share > 0.75 {
@@ -60,6 +70,8 @@ func TestMeasureLastCountsTheWindowOnly(t *testing.T) {
 		t.Fatalf("window file made %v into the run, before its window began at %v", at, cfg.Duration-cfg.MeasureLast)
 	}
 }
+
+var errFake = errors.New("fake failure")
 
 func TestMeasureLastValidation(t *testing.T) {
 	for _, c := range []struct {
