@@ -44,6 +44,11 @@ type Host struct {
 		// (RemoveGroupAfter); protected by mu
 		deleting map[uint64]bool
 	}
+	// snaps are the snapshots on their way to a replica (sendSnapshot).
+	snaps struct {
+		sync.Mutex
+		sending map[snapTo]bool // protected by Mutex
+	}
 	stopOnce sync.Once
 	stopc    chan struct{}
 	wg       sync.WaitGroup

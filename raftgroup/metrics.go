@@ -13,6 +13,7 @@ type metrics struct {
 	roundGroups       prometheus.Histogram
 	logSync           prometheus.Histogram
 	snapshotsSent     prometheus.Counter
+	snapshotsJoined   prometheus.Counter
 	snapshotsReceived prometheus.Counter
 	batchesReceived   prometheus.Counter
 	batchesSent       *prometheus.CounterVec
@@ -58,6 +59,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		snapshotsReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_snapshots_received_total", Help: "Raft snapshots received.",
+		}),
+		snapshotsJoined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_snapshots_joined_total", Help: "Raft snapshots not sent because one to the same replica was already on its way (its outcome answers both).",
 		}),
 		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_batches_received_total", Help: "Batches of raft messages received from other nodes (one per sender's send).",
@@ -117,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.snapshotsJoined, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }

@@ -102,9 +102,36 @@ func (s snapStorage) Snapshot() (raftpb.Snapshot, error) {
 	return raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: g.applied, Term: term, ConfState: g.conf}}, nil
 }
 
+// snapTo names the replica a snapshot goes to.
+type snapTo struct{ group, to uint64 }
+
 // sendSnapshot builds and sends the snapshot a MsgSnap announces, off the
 // worker, and reports the outcome to raft.
+//
+// While a snapshot is on its way to a replica, another MsgSnap for it is
+// not sent: the one on its way answers both. Raft asks for another when
+// the leadership changed meanwhile (the new term's progress starts over),
+// or when the report of an earlier term's snapshot moved the replica out
+// of waiting for the later one; each costs the leader a build and the
+// replica an install of the group's whole state (in a 6-node benchmark
+// round, three of 15 MB went to one learner within 17 s, each taking
+// 11-16 s at 0.1 CPU). The replica installs the one on its way; if the
+// log after it was truncated meanwhile, raft asks for another after its
+// report, when none is on its way.
 func (h *Host) sendSnapshot(g *Group, m raftpb.Message) {
+	key := snapTo{g.id, m.To}
+	h.snaps.Lock()
+	if h.snaps.sending[key] {
+		h.snaps.Unlock()
+		h.metrics.snapshotsJoined.Inc()
+		h.log.Info("a snapshot is already on its way to the replica; not sending another", "group", g.id, "to", m.To)
+		return
+	}
+	if h.snaps.sending == nil {
+		h.snaps.sending = make(map[snapTo]bool)
+	}
+	h.snaps.sending[key] = true
+	h.snaps.Unlock()
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -113,6 +140,11 @@ func (h *Host) sendSnapshot(g *Group, m raftpb.Message) {
 			h.log.Warn("sending snapshot failed", "group", g.id, "to", m.To, "err", err)
 			status = raft.SnapshotFailure
 		}
+		// Done before the report, so a MsgSnap raft sends after it is
+		// sent.
+		h.snaps.Lock()
+		delete(h.snaps.sending, key)
+		h.snaps.Unlock()
 		g.inbox.Lock()
 		g.inbox.snapReports = append(g.inbox.snapReports, snapReport{to: m.To, status: status})
 		g.inbox.Unlock()
