@@ -594,8 +594,9 @@ func pickLeader(self, pref uint64, rate, recent float64, v loadView, candidates 
 // Leadership moves only within a partition's voters, and with copysets
 // (or any placement that gives a partition fewer voters than there are
 // nodes) the voters of a hot range's partitions fall on a few sets of
-// nodes. A split's new partition takes a placement of its own (the count
-// of split partitions per node and placement decides it: childPlacement),
+// nodes. A small partition's split gives its new half a placement of its
+// own (the count of split partitions per node and placement decides it:
+// childPlacement; a large one's half keeps its voters: localSplitKeys),
 // but halving ranges leaves partitions whose rates differ by 2x to 4x, so
 // equal counts are not equal loads: in a 6-node scaling benchmark run, one
 // copyset's partitions took 62% of the writes, its three nodes were

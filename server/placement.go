@@ -359,6 +359,8 @@ type drainer interface {
 //
 //   - prefer, if not 0 (the node a split for balance hands the half to);
 //   - a live node;
+//   - if keep is not empty, a placement whose voters are all in keep
+//     (the parent's voters: see localSplitKeys);
 //   - the node fewest split partitions prefer, so they spread over the
 //     nodes by count;
 //   - the placement whose nodes hold the fewest replicas of split
@@ -371,10 +373,10 @@ type drainer interface {
 // size. The initial partitions that never split are spread by the
 // placement rotation already, and counting them as the same weight as a
 // hot range's halves would put halves of one range on the same node.
-func (s *Server) childPlacement(prefer uint64) kvapi.ChildRank {
+func (s *Server) childPlacement(prefer uint64, keep []uint64) kvapi.ChildRank {
 	return func(parent uint64) (func(uint64) int, int) {
 		members := s.clusterMembers()
-		return childRanks(members, s.id.Replicas, s.id.placement(), s.splitPartitions(parent), parent, prefer, s.alive)
+		return childRanks(members, s.id.Replicas, s.id.placement(), s.splitPartitions(parent), parent, prefer, keep, s.alive)
 	}
 }
 
@@ -403,9 +405,10 @@ func (s *Server) splitPartitions(parent uint64) []uint64 {
 // parent (see childPlacement), given the members (sorted by ID), the
 // replication factor and placement scheme, the partitions to spread it
 // among (split partitions: see childPlacement), the preferred node (0:
-// none) and which nodes are up (nil: all). It returns the ranking (lower
-// is better) and the best rank.
-func childRanks(members []member, rf int, scheme string, partitions []uint64, parent, prefer uint64, alive func(uint64) bool) (func(uint64) int, int) {
+// none), the nodes the new partition's voters should be among (nil: any)
+// and which nodes are up (nil: all). It returns the ranking (lower is
+// better) and the best rank.
+func childRanks(members []member, rf int, scheme string, partitions []uint64, parent, prefer uint64, keep []uint64, alive func(uint64) bool) (func(uint64) int, int) {
 	n := len(members)
 	if n < 2 {
 		return func(uint64) int { return 0 }, 0
@@ -428,7 +431,8 @@ func childRanks(members []member, rf int, scheme string, partitions []uint64, pa
 	const wParent = 1
 	wReplicas := 2 * wParent
 	wLead := wReplicas * (rf*len(partitions) + 1)
-	wAlive := wLead * (len(partitions) + 1)
+	wKeep := wLead * (len(partitions) + 1)
+	wAlive := 2 * wKeep
 	wPrefer := 2 * wAlive
 	ranks := make([]int, n)
 	best := -1
@@ -440,6 +444,9 @@ func childRanks(members []member, rf int, scheme string, partitions []uint64, pa
 		}
 		if !slices.Contains(voters, parentLead) {
 			r += wParent
+		}
+		if len(keep) > 0 && slices.ContainsFunc(voters, func(v int) bool { return !slices.Contains(keep, members[v].ID) }) {
+			r += wKeep
 		}
 		if alive != nil && !alive(m.ID) {
 			r += wAlive

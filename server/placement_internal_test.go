@@ -131,7 +131,7 @@ func TestChildRanksSpreadSplits(t *testing.T) {
 				next := uint64(meta.FirstAllocatedPartition)
 				for split := 1; split <= 4*n; split++ {
 					parent := hot[rng.Intn(len(hot))]
-					rank, best := childRanks(members, rf, scheme, hot, parent, 0, nil)
+					rank, best := childRanks(members, rf, scheme, hot, parent, 0, nil, nil)
 					child := splitWithRanks(&next, rank, best)
 					if rank(child) != best {
 						t.Fatalf("split %d: child %d has rank %d, best %d", split, child, rank(child), best)
@@ -169,7 +169,7 @@ func TestChildRanksPreferAndLiveness(t *testing.T) {
 	members := []member{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5}, {ID: 6}}
 	parts := []uint64{100, 101, 102, 103, 104, 105, 65536, 65537}
 	for _, prefer := range []uint64{1, 4, 6} {
-		rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, prefer, nil)
+		rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, prefer, nil, nil)
 		for id := uint64(70000); id < 70006; id++ {
 			lead := members[groupOrdinal(id)%6].ID
 			if (rank(id) == best) != (lead == prefer) {
@@ -178,7 +178,7 @@ func TestChildRanksPreferAndLiveness(t *testing.T) {
 		}
 	}
 	down := func(id uint64) bool { return id != 2 && id != 5 }
-	rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, 0, down)
+	rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, 0, nil, down)
 	worstLive := 0
 	for id := uint64(70000); id < 70006; id++ {
 		if lead := members[groupOrdinal(id)%6].ID; down(lead) {
@@ -190,4 +190,70 @@ func TestChildRanksPreferAndLiveness(t *testing.T) {
 			t.Fatalf("ID %d preferring down node %d ranks %d, a live one %d (best %d)", id, lead, rank(id), worstLive, best)
 		}
 	}
+}
+
+// TestChildRanksKeepParentVoters: a split that keeps its parent's voters
+// (a large partition's split by load: localSplitKeys) ranks best only IDs
+// placed on those voters, and among them the one preferring the voter
+// fewest split partitions prefer; a down node still loses to every live
+// one, and without keep the best IDs are those of the counts alone.
+func TestChildRanksKeepParentVoters(t *testing.T) {
+	members := []member{{ID: 1}, {ID: 2}, {ID: 3}, {ID: 4}, {ID: 5}, {ID: 6}}
+	// Partition 100 (ordinal 2: node 3) is placed on the first copyset,
+	// nodes 1-3, and partition 65540 (ordinal 65442: node 1) too; node 2
+	// and the second copyset's nodes prefer no split partition.
+	parts := []uint64{100, 65540}
+	placed := func(id uint64) []uint64 {
+		var ids []uint64
+		for _, v := range placeVoters(groupOrdinal(id), 6, 3, PlacementCopysets) {
+			ids = append(ids, members[v].ID)
+		}
+		return ids
+	}
+	if got := placed(100); !slices.Equal(got, []uint64{3, 1, 2}) {
+		t.Fatalf("partition 100 placed on %v, want [3 1 2]", got)
+	}
+	keep := []uint64{1, 2, 3}
+	bestIDs := func(keep []uint64, alive func(uint64) bool) []uint64 {
+		rank, best := childRanks(members, 3, PlacementCopysets, parts, 100, 0, keep, alive)
+		var ids []uint64
+		for id := uint64(70000); id < 70006; id++ {
+			if rank(id) == best {
+				if keep != nil && alive == nil && !isSubset(placed(id), keep) {
+					t.Errorf("best ID %d is placed on %v, outside %v", id, placed(id), keep)
+				}
+				ids = append(ids, members[groupOrdinal(id)%6].ID)
+			}
+		}
+		return ids
+	}
+	// Without keep, the counts send the half to the second copyset.
+	for _, lead := range bestIDs(nil, nil) {
+		if lead < 4 {
+			t.Fatalf("without keep the best IDs prefer %v, want nodes of the second copyset", bestIDs(nil, nil))
+		}
+	}
+	// With keep, the half stays on nodes 1-3, preferring the one no split
+	// partition prefers yet: node 2.
+	got := bestIDs(keep, nil)
+	if len(got) == 0 {
+		t.Fatal("no best ID with keep")
+	}
+	for _, lead := range got {
+		if lead != 2 {
+			t.Fatalf("with keep %v the best IDs prefer %v, want node 2", keep, got)
+		}
+	}
+	// Liveness still comes first: with nodes 1-3 down, the half goes to a
+	// live node of the other copyset.
+	alive := func(id uint64) bool { return id > 3 }
+	for _, lead := range bestIDs(keep, alive) {
+		if lead <= 3 {
+			t.Fatalf("with nodes 1-3 down the best IDs prefer %v", bestIDs(keep, alive))
+		}
+	}
+}
+
+func isSubset(a, b []uint64) bool {
+	return !slices.ContainsFunc(a, func(x uint64) bool { return !slices.Contains(b, x) })
 }

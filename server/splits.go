@@ -265,6 +265,35 @@ func (s *Server) reportSplits() {
 // the load of fewer is too concentrated to spread by splitting.
 const minLoadSplitKeys = 64
 
+// localSplitKeys is the most keys a partition that splits by load or size
+// may hold for its new half to be placed anywhere (childPlacement, by the
+// counts of split partitions per node). A larger one's half keeps the
+// parent's voters, and only its leadership moves: a half placed on other
+// nodes moves there one replica at a time, each a snapshot of its whole
+// state. In a 6-node run of the one-prefix benchmark, two partitions of
+// about 10000 keys split by load in the measured window and their halves
+// went to the other copyset: six 13 MB snapshots took 20 s, and the
+// cluster's rate fell from about 1500 creates/s to 581-753 while they
+// ran. Small partitions (the first splits of a hot range) still spread
+// over the copysets by count, where a move is cheap; later the busiest
+// node evens out the copysets' loads by a split across placements
+// (splitAcross), which moves one half, measured by load, at a time.
+const localSplitKeys = 4096
+
+// keepVoters returns the voters a split of p (by load or size) should
+// give its new half: p's, if p holds more than localSplitKeys keys; nil
+// (anywhere) otherwise.
+func (s *Server) keepVoters(p *partition.Partition) []uint64 {
+	if p.Keys() <= localSplitKeys {
+		return nil
+	}
+	g := s.host.Group(p.ID())
+	if g == nil {
+		return nil
+	}
+	return g.Status().Voters
+}
+
 // splitDriver splits the partitions this node led through the last
 // window that grew past --split-keys or took more than --split-write-rate
 // writes per second over it, until the node stops.
@@ -321,7 +350,7 @@ func (s *Server) splitDriver() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			parent, child, err := s.store.SplitPlaced(ctx, key, s.childPlacement(0))
+			parent, child, err := s.store.SplitPlaced(ctx, key, s.childPlacement(0, s.keepVoters(p)))
 			cancel()
 			if err != nil {
 				s.log.Warn("automatic split failed", "partition", p.ID(), "reason", reason, "key", fmt.Sprintf("%q", key), "err", err)
@@ -387,7 +416,7 @@ func (s *Server) splitForBalanceOnce(led []ledWindow) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	parent, child, err := s.store.SplitPlaced(ctx, hot[id], s.childPlacement(to))
+	parent, child, err := s.store.SplitPlaced(ctx, hot[id], s.childPlacement(to, nil))
 	cancel()
 	if err != nil {
 		s.log.Warn("split for balance failed", "partition", id, "key", fmt.Sprintf("%q", hot[id]), "err", err)
@@ -419,7 +448,7 @@ func (w ledWindow) splittable() bool { return w.hot != nil && w.p.Keys() >= minL
 
 // Split splits the partition holding key at key (see kvapi.Store.Split).
 func (s *Server) Split(ctx context.Context, key []byte) (parent, child uint64, err error) {
-	parent, child, err = s.store.SplitPlaced(ctx, key, s.childPlacement(0))
+	parent, child, err = s.store.SplitPlaced(ctx, key, s.childPlacement(0, nil))
 	if err == nil {
 		s.splits.WithLabelValues("manual").Inc()
 	}
