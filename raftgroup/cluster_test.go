@@ -180,18 +180,28 @@ func waitCount(t *testing.T, n *testNode, want uint64) {
 	}
 }
 
-// TestSnapshotCatchesUpLaggingReplica cuts a follower off while the leader
-// truncates its log past it, then heals: the follower must be caught up by
-// a snapshot, not by entries it can no longer get.
-func TestSnapshotCatchesUpLaggingReplica(t *testing.T) {
-	tr := NewMemTransport()
-	nodes, leader, lag := startLedTrio(t, tr, nil)
+// startLaggingTrio starts a led trio (startLedTrio), has it apply 320
+// commands while one follower, lag, is cut off from the others (tr's
+// filter still cuts it off on return), and checks the leader truncated
+// its log past lag: lag can catch up only by a snapshot.
+func startLaggingTrio(t *testing.T, tr *MemTransport) (nodes []*testNode, leader *Group, lag *testNode) {
+	t.Helper()
+	nodes, leader, lag = startLedTrio(t, tr, nil)
 	propose(t, leader, 20)
 	tr.SetFilter(func(from, to uint64, _ GroupMessage) bool { return from != lag.id && to != lag.id })
 	propose(t, leader, 300)
 	if first := leader.firstIndexForTest(); first < 100 {
 		t.Fatalf("leader did not truncate its log past the lagging follower (first index %d)", first)
 	}
+	return nodes, leader, lag
+}
+
+// TestSnapshotCatchesUpLaggingReplica cuts a follower off while the leader
+// truncates its log past it, then heals: the follower must be caught up by
+// a snapshot, not by entries it can no longer get.
+func TestSnapshotCatchesUpLaggingReplica(t *testing.T) {
+	tr := NewMemTransport()
+	nodes, leader, _ := startLaggingTrio(t, tr)
 	tr.SetFilter(nil)
 	for _, n := range nodes {
 		waitCount(t, n, 320)
@@ -208,10 +218,7 @@ func TestSnapshotCatchesUpLaggingReplica(t *testing.T) {
 // went to one learner within 17 s.
 func TestSnapshotOnItsWayIsNotSentAgain(t *testing.T) {
 	tr := NewMemTransport()
-	_, leader, lag := startLedTrio(t, tr, nil)
-	propose(t, leader, 20)
-	tr.SetFilter(func(from, to uint64, _ GroupMessage) bool { return from != lag.id && to != lag.id })
-	propose(t, leader, 300)
+	_, leader, lag := startLaggingTrio(t, tr)
 	var sends atomic.Int64
 	release := make(chan struct{})
 	tr.SetFilter(func(from, to uint64, m GroupMessage) bool {
