@@ -827,7 +827,16 @@ func TestSplitAcrossPlacements(t *testing.T) {
 			}
 		}
 		for k, leaders := range byVoters {
-			if len(leaders) == 3 {
+			// Three nodes, each leading its own partition: two nodes can
+			// both claim one partition while its leadership moves (the
+			// old leader has not heard of the new term yet), and loading
+			// it twice made it split by load instead of across
+			// placements.
+			distinct := map[uint64]bool{}
+			for _, rt := range leaders {
+				distinct[rt.ID] = true
+			}
+			if len(leaders) == 3 && len(distinct) == 3 {
 				loaded, copyset = nil, sets[k]
 				for _, rt := range leaders {
 					loaded = append(loaded, rt)
