@@ -550,6 +550,108 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 	}
 }
 
+// TestLargeSplitKeepsItsVoters: a partition holding more than
+// localSplitKeys keys (here 100) that splits by size gives its new half
+// an ID placed on the parent's voters, so none of the half's replicas
+// moves. Placed by the counts of split partitions per node instead, the
+// half of a 6-node cluster's partition goes to the other copyset
+// (TestChildRanksKeepParentVoters), one replica at a time, each a
+// snapshot of its whole state: in the one-prefix benchmark that took
+// 20 s for 10000-key halves and halved the cluster's rate.
+func TestLargeSplitKeepsItsVoters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 6-node cluster")
+	}
+	// Registered before the cluster's cleanup, so it runs after the
+	// nodes stopped.
+	t.Cleanup(server.SetLocalSplitKeys(100))
+	c := testutil.StartCluster(t, 6, server.Config{SplitKeys: 300, SplitWindow: 300 * time.Millisecond,
+		RebalanceInterval: 500 * time.Millisecond, InitialSplitPoints: []string{"/registry/pods/"}})
+	ctx := context.Background()
+	cl := testutil.Client(t, c.Endpoint(0))
+	waitForPut(t, cl, "/registry/pods/0000")
+	pods := func() []kvapi.Route {
+		var rts []kvapi.Route
+		for _, rt := range c.Nodes[0].Store().Routes() {
+			if string(rt.Start) >= "/registry/pods/" {
+				rts = append(rts, rt)
+			}
+		}
+		return rts
+	}
+	// voters returns partition id's voters (sorted) as its leader sees
+	// them, or nil while no node leads it.
+	voters := func(id uint64) []uint64 {
+		for _, n := range c.Nodes {
+			if st, ok := n.GroupStatus(id); ok && st.IsLeader {
+				v := slices.Clone(st.Voters)
+				slices.Sort(v)
+				return v
+			}
+		}
+		return nil
+	}
+	offPlacement := func() (sum float64) {
+		for _, n := range c.Nodes {
+			sum += gaugeValue(t, n, "brain_partitions_off_placement")
+		}
+		return sum
+	}
+	parent := pods()[0].ID
+	var parentVoters []uint64
+	for deadline := time.Now().Add(20 * time.Second); parentVoters == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no leader of partition %d", parent)
+		}
+		parentVoters = voters(parent)
+	}
+	for i := 1; i <= 320; i++ {
+		if _, err := cl.Put(ctx, fmt.Sprintf("/registry/pods/%04d", i), "v"); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	// bySize counts splits by size on every node (the split's is the
+	// parent's leader, whichever node that was).
+	bySize := func() (sum float64) {
+		for _, n := range c.Nodes {
+			sum += counterValue(t, n, "brain_partition_splits_total", "size")
+		}
+		return sum
+	}
+	var child uint64
+	for deadline := time.Now().Add(20 * time.Second); child == 0 || bySize() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("partition %d (321 keys, --split-keys 300) did not split by size: %d pods partitions", parent, len(pods()))
+		}
+		for _, rt := range pods() {
+			if rt.ID != parent {
+				child = rt.ID
+			}
+		}
+	}
+	// Ten rebalance intervals: a half placed elsewhere is off its
+	// placement from the first, and its voters change with each move.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if off := offPlacement(); off > 0 {
+			t.Fatalf("%v partitions off their placement after partition %d split into %d: want the half placed on its parent's voters %v", off, parent, child, parentVoters)
+		}
+		if v := voters(child); v != nil && !slices.Equal(v, parentVoters) {
+			t.Fatalf("partition %d, split off %d, has voters %v: want its parent's %v", child, parent, v, parentVoters)
+		}
+	}
+	if v := voters(child); !slices.Equal(v, parentVoters) {
+		t.Fatalf("partition %d, split off %d, has voters %v: want its parent's %v", child, parent, v, parentVoters)
+	}
+	if n := bySize(); n != 1 || len(pods()) != 2 {
+		t.Fatalf("%v splits by size into %d pods partitions: want partition %d's one, into 2", n, len(pods()), parent)
+	}
+	g, err := cl.Get(ctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || g.Count != 321 {
+		t.Fatalf("pods after the split: %v keys, %v: want 321", g.Count, err)
+	}
+	t.Logf("partition %d split into %d, both on %v", parent, child, parentVoters)
+}
+
 // TestSplitForBalance: a node leading two partitions as busy as the one
 // each other node leads has twice their load, and no move of a whole
 // partition evens that out (it would only swap the imbalance). The node

@@ -277,8 +277,9 @@ const minLoadSplitKeys = 64
 // ran. Small partitions (the first splits of a hot range) still spread
 // over the copysets by count, where a move is cheap; later the busiest
 // node evens out the copysets' loads by a split across placements
-// (splitAcross), which moves one half, measured by load, at a time.
-const localSplitKeys = 4096
+// (splitAcross), which moves one half, measured by load, at a time. A
+// variable only for tests (SetLocalSplitKeys in export_test.go).
+var localSplitKeys = 4096
 
 // keepVoters returns the voters a split of p (by load or size) should
 // give its new half: p's, if p holds more than localSplitKeys keys; nil
