@@ -16,7 +16,11 @@ import (
 // resource's prefix (/registry/<resource>/) from the revision it opens at,
 // on a client of its own connected to one endpoint, the watches spread
 // round-robin over the endpoints (as clientv3's balancer spreads an
-// apiserver's watch streams). Each one reads its events and counts them.
+// apiserver's watch streams). Each one reads its events, counts them and
+// checks their order: every write of the benchmarks that open them puts
+// one key, so each event has a revision of its own, and one at or below
+// the watch's last is out of order or a duplicate (the watch guarantee
+// kube-apiserver's cache relies on).
 type resourceWatches struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -63,10 +67,18 @@ func openResourceWatches(ctx context.Context, cfg Config) (*resourceWatches, err
 
 func (rw *resourceWatches) read(ctx context.Context, prefix, ep string, wch clientv3.WatchChan) {
 	defer rw.wg.Done()
+	var last int64 // the revision of the watch's last event
 	for wr := range wch {
 		if err := wr.Err(); err != nil && ctx.Err() == nil {
 			rw.fail(fmt.Errorf("watch %s on %s: %w", prefix, ep, err))
 			return
+		}
+		for _, ev := range wr.Events {
+			if rev := ev.Kv.ModRevision; rev <= last {
+				rw.fail(fmt.Errorf("watch %s on %s: event for %q at revision %d after one at revision %d: out of order or duplicate", prefix, ep, ev.Kv.Key, rev, last))
+			} else {
+				last = rev
+			}
 		}
 		rw.events.Add(int64(len(wr.Events)))
 	}
