@@ -925,7 +925,8 @@ run_complete() {
 
 # watch_report LABEL JSON...: under --resource-watchers, the events the
 # brainbench runs' resource watches received against the expected ones
-# (one per successful create and watch); fewer is a WARNING.
+# (one per successful create and watch); fewer, or a watch's error (an
+# event out of order or repeated, a watch cancelled), is a WARNING.
 watch_report() {
 	((RESOURCE_WATCHERS > 0)) || return 0
 	local label=$1 got=0 want=0 g w j err=""
@@ -937,9 +938,13 @@ watch_report() {
 		got=$((got + ${g:-0})) want=$((want + ${w:-0}))
 	done
 	say "$label: resource watches received $got of $want events${err:+ (first error: $err)}"
-	if ((got < want)) || [[ -n $err ]]; then
+	if ((got < want)); then
 		say "$label: WARNING: resource watches missed events"
 		ERRORS+=("$label: resource watches received $got of $want events")
+	fi
+	if [[ -n $err ]]; then
+		say "$label: WARNING: a resource watch failed: $err"
+		ERRORS+=("$label: a resource watch failed: $err")
 	fi
 }
 

@@ -75,7 +75,9 @@ func (rw *resourceWatches) read(ctx context.Context, prefix, ep string, wch clie
 		}
 		for _, ev := range wr.Events {
 			if rev := ev.Kv.ModRevision; rev <= last {
-				rw.fail(fmt.Errorf("watch %s on %s: event for %q at revision %d after one at revision %d: out of order or duplicate", prefix, ep, ev.Kv.Key, rev, last))
+				// The key unquoted: bench/scaling.sh reads the error
+				// out of the JSON up to its first quote.
+				rw.fail(fmt.Errorf("watch %s on %s: event for %s at revision %d after one at revision %d: out of order or duplicate", prefix, ep, ev.Kv.Key, rev, last))
 			} else {
 				last = rev
 			}

@@ -20,7 +20,7 @@ func TestResourceWatchOrderChecked(t *testing.T) {
 		want string    // in the first error; "" for none
 	}{
 		{"in order", [][]int64{{5, 6}, {9}, {10, 12}}, ""},
-		{"duplicate", [][]int64{{5, 6}, {6}}, `event for "/registry/pods/6" at revision 6 after one at revision 6`},
+		{"duplicate", [][]int64{{5, 6}, {6}}, "event for /registry/pods/6 at revision 6 after one at revision 6"},
 		{"back within a response", [][]int64{{5, 7, 6, 8}}, "at revision 6 after one at revision 7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
