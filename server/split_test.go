@@ -484,42 +484,26 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 			if string(rt.Start) < "/registry/pods/" {
 				continue
 			}
-			var lead uint64
-			for _, n := range c.Nodes {
-				if st, ok := n.GroupStatus(rt.ID); ok && st.IsLeader {
-					lead = n.MemberID()
-					voters := append([]uint64(nil), st.Voters...)
-					sort.Slice(voters, func(i, j int) bool { return voters[i] < voters[j] })
-					voterSets[fmt.Sprint(voters)] = true
-				}
-			}
+			lead, voters := leaderVoters(c, rt.ID)
 			if lead == 0 {
 				return nil, nil, false
 			}
 			leaders[lead] = true
+			voterSets[fmt.Sprint(voters)] = true
 		}
 		return leaders, voterSets, true
-	}
-	// brain_partitions_off_placement counts, on each leader, the
-	// partitions whose replicas still have to move.
-	offPlacement := func() float64 {
-		var sum float64
-		for _, n := range c.Nodes {
-			sum += gaugeValue(t, n, "brain_partitions_off_placement")
-		}
-		return sum
 	}
 	sawOff := false
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		sawOff = sawOff || offPlacement() > 0
+		sawOff = sawOff || offPlacement(t, c) > 0
 		leaders, sets, ok := placement()
-		if ok && len(leaders) == len(c.Nodes) && len(sets) >= 2 && offPlacement() == 0 {
+		if ok && len(leaders) == len(c.Nodes) && len(sets) >= 2 && offPlacement(t, c) == 0 {
 			t.Logf("pods partitions led by %d nodes, on %d replica sets", len(leaders), len(sets))
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 90s the 4 pods partitions are led by %d nodes, on %d replica sets, %v off their placement: want 4 leaders, >= 2 sets, none off", len(leaders), len(sets), offPlacement())
+			t.Fatalf("after 90s the 4 pods partitions are led by %d nodes, on %d replica sets, %v off their placement: want 4 leaders, >= 2 sets, none off", len(leaders), len(sets), offPlacement(t, c))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -579,23 +563,9 @@ func TestLargeSplitKeepsItsVoters(t *testing.T) {
 		}
 		return rts
 	}
-	// voters returns partition id's voters (sorted) as its leader sees
-	// them, or nil while no node leads it.
 	voters := func(id uint64) []uint64 {
-		for _, n := range c.Nodes {
-			if st, ok := n.GroupStatus(id); ok && st.IsLeader {
-				v := slices.Clone(st.Voters)
-				slices.Sort(v)
-				return v
-			}
-		}
-		return nil
-	}
-	offPlacement := func() (sum float64) {
-		for _, n := range c.Nodes {
-			sum += gaugeValue(t, n, "brain_partitions_off_placement")
-		}
-		return sum
+		_, v := leaderVoters(c, id)
+		return v
 	}
 	parent := pods()[0].ID
 	var parentVoters []uint64
@@ -632,7 +602,7 @@ func TestLargeSplitKeepsItsVoters(t *testing.T) {
 	// Ten rebalance intervals: a half placed elsewhere is off its
 	// placement from the first, and its voters change with each move.
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if off := offPlacement(); off > 0 {
+		if off := offPlacement(t, c); off > 0 {
 			t.Fatalf("%v partitions off their placement after partition %d split into %d: want the half placed on its parent's voters %v", off, parent, child, parentVoters)
 		}
 		if v := voters(child); v != nil && !slices.Equal(v, parentVoters) {
@@ -650,6 +620,30 @@ func TestLargeSplitKeepsItsVoters(t *testing.T) {
 		t.Fatalf("pods after the split: %v keys, %v: want 321", g.Count, err)
 	}
 	t.Logf("partition %d split into %d, both on %v", parent, child, parentVoters)
+}
+
+// leaderVoters returns the node that leads partition id (the first that
+// claims it) and its voters, sorted, as that node sees them; 0 and nil
+// while no node leads it.
+func leaderVoters(c *testutil.Cluster, id uint64) (leader uint64, voters []uint64) {
+	for _, n := range c.Nodes {
+		if st, ok := n.GroupStatus(id); ok && st.IsLeader {
+			voters = slices.Clone(st.Voters)
+			slices.Sort(voters)
+			return n.MemberID(), voters
+		}
+	}
+	return 0, nil
+}
+
+// offPlacement sums brain_partitions_off_placement over c's nodes: on
+// each leader, the partitions whose replicas still have to move.
+func offPlacement(t *testing.T, c *testutil.Cluster) float64 {
+	var sum float64
+	for _, n := range c.Nodes {
+		sum += gaugeValue(t, n, "brain_partitions_off_placement")
+	}
+	return sum
 }
 
 // TestSplitForBalance: a node leading two partitions as busy as the one
