@@ -18,6 +18,17 @@
 // shape and spliced into each watcher's response with the codec in
 // codec.go, so identical watches share the encoding work.
 //
+// # Leaders
+//
+// A request or stream with etcd's require-leader metadata (every
+// kube-apiserver watch) is refused, and an open one cancelled, with
+// "etcdserver: no leader" only once the node has had no leader for 3
+// election timeouts (leader.go), as etcd's monitorLeader does: etcd's
+// client gives such a watch up for good and kube-apiserver re-lists, so an
+// election, a planned transfer or another node's restart must never end
+// it. Close ends every open stream with "etcdserver: server stopped",
+// which clients answer by resuming elsewhere.
+//
 // Progress: RequestProgress is answered (watch ID -1, as etcd) once every
 // watcher of the stream has been sent everything up to the revision current
 // when the request arrived; the answer's revision is a bookmark: every event

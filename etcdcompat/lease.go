@@ -53,25 +53,50 @@ func (l *leaseServer) LeaseLeases(ctx context.Context, r *pb.LeaseLeasesRequest)
 	return resp, nil
 }
 
+// LeaseKeepAlive renews leases as the client asks. Requests are read on a
+// goroutine of their own, so that a stream whose context ends (the client
+// went away, or leaderWatch cancelled a require-leader stream) returns at
+// once, as etcd's does.
 func (l *leaseServer) LeaseKeepAlive(stream pb.Lease_LeaseKeepAliveServer) error {
-	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	ctx := stream.Context()
+	reqs := make(chan *pb.LeaseKeepAliveRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
 		}
-		if err != nil {
+	}()
+	for {
+		var req *pb.LeaseKeepAliveRequest
+		select {
+		case <-ctx.Done():
+			return streamCause(ctx, ctx.Err())
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
+		case req = <-reqs:
 		}
 		// The header is taken before the renewal, as etcd does, so a lease
 		// revoked at revision R never looks renewed at a later revision.
 		resp := &pb.LeaseKeepAliveResponse{ID: req.ID, Header: &pb.ResponseHeader{}}
 		l.s.fill(resp.Header)
-		ttl, err := l.s.store.LeaseRenew(stream.Context(), req.ID)
+		ttl, err := l.s.store.LeaseRenew(ctx, req.ID)
 		if errors.Is(err, meta.ErrLeaseNotFound) {
 			ttl, err = 0, nil
 		}
 		if err != nil {
-			return toGRPCError(err)
+			return streamCause(ctx, toGRPCError(err))
 		}
 		resp.TTL = ttl
 		if err := stream.Send(resp); err != nil {

@@ -2,9 +2,11 @@ package etcdcompat
 
 import (
 	"context"
+	"errors"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,9 +57,14 @@ type Config struct {
 	MemberRemove func(ctx context.Context, id uint64) ([]*pb.Member, error)
 	// Term returns the raft term reported in response headers.
 	Term func() uint64
-	// HasLeader reports whether the node can serve writes (for the
-	// "hasleader" metadata kube-apiserver sends).
+	// HasLeader reports whether the node knows a leader (for the
+	// "hasleader" metadata kube-apiserver sends); nil: always.
 	HasLeader func() bool
+	// ElectionTimeout is the node's raft election timeout: requests and
+	// streams with the "hasleader" metadata are refused, and open ones
+	// cancelled, once the node has had no leader for 3 of them (etcd's
+	// rule; see leaderWatch). Default 1 s (etcd's).
+	ElectionTimeout time.Duration
 	// MaxRequestBytes is etcd's --max-request-bytes; default 1.5 MiB.
 	MaxRequestBytes uint
 	// MaxTxnOps is etcd's --max-txn-ops; default 128.
@@ -104,6 +111,16 @@ type Server struct {
 	// inflight counts the requests being served, by class.
 	inflight struct{ writes, reads atomic.Int64 }
 	shed     *prometheus.CounterVec
+	// streams are the open client streams; leader applies etcd's rule
+	// for the "hasleader" metadata to them and to unary requests.
+	streams *streams
+	leader  *leaderWatch
+	// noLeader counts requests refused and streams cancelled for want of
+	// a leader.
+	noLeader  *prometheus.CounterVec
+	stop      chan struct{}
+	stopOnce  sync.Once
+	leaderRun sync.WaitGroup
 }
 
 // New creates the services.
@@ -123,7 +140,12 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, store: cfg.Store, hub: cfg.Hub, log: cfg.Logger.With("component", "etcdcompat")}
+	if cfg.ElectionTimeout == 0 {
+		cfg.ElectionTimeout = time.Second
+	}
+	s := &Server{cfg: cfg, store: cfg.Store, hub: cfg.Hub, log: cfg.Logger.With("component", "etcdcompat"), stop: make(chan struct{})}
+	s.streams = newStreams()
+	s.leader = newLeaderWatch(s.hasLeader, cfg.ElectionTimeout, s.streams, time.Now())
 	if cfg.Registerer != nil {
 		s.metrics = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10})))
@@ -135,14 +157,41 @@ func New(cfg Config) *Server {
 	}, []string{"class"})
 	s.shed.WithLabelValues("write") // both series from zero
 	s.shed.WithLabelValues("read")
+	s.noLeader = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_no_leader_total",
+		Help: "Requests and streams with etcd's \"hasleader\" metadata (every kube-apiserver watch) refused (what=refused) or cancelled (what=cancelled) with \"etcdserver: no leader\" because the node had no leader for 3 election timeouts.",
+	}, []string{"what"})
+	s.noLeader.WithLabelValues("refused")
+	s.noLeader.WithLabelValues("cancelled")
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(s.shed)
+		cfg.Registerer.MustRegister(s.shed, s.noLeader)
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_writes", Help: "Writes being served."},
 			func() float64 { return float64(s.inflight.writes.Load()) }))
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "brain_inflight_reads", Help: "Reads being served."},
 			func() float64 { return float64(s.inflight.reads.Load()) }))
 	}
+	s.leaderRun.Add(1)
+	go func() {
+		defer s.leaderRun.Done()
+		s.leader.run(s.stop, func(n int) {
+			s.noLeader.WithLabelValues("cancelled").Add(float64(n))
+			s.log.Warn("cancelled streams that require a leader: no leader for 3 election timeouts", "streams", n,
+				"election-timeout", cfg.ElectionTimeout)
+		})
+	}()
 	return s
+}
+
+// Close ends every open stream (watches, lease keep-alives) with etcd's
+// "etcdserver: server stopped" (Unavailable: etcd's client resumes a watch
+// on another endpoint, or on this one once it is back), refuses new ones,
+// and stops the services' background work. Call it before stopping the
+// gRPC server gracefully, which would otherwise wait on streams that never
+// end by themselves.
+func (s *Server) Close() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.streams.closeAll(rpctypes.ErrGRPCStopped)
+	s.leaderRun.Wait()
 }
 
 // ServerOptions returns the gRPC options the services need: the codec that
@@ -184,9 +233,26 @@ func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 
 func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 	if s.metrics == nil {
-		return nil
+		return []grpc.StreamServerInterceptor{s.streamInterceptor}
 	}
-	return []grpc.StreamServerInterceptor{s.metrics.StreamServerInterceptor()}
+	return []grpc.StreamServerInterceptor{s.metrics.StreamServerInterceptor(), s.streamInterceptor}
+}
+
+// streamInterceptor registers every client stream (so that Close can end
+// it), and gives streams with the "hasleader" metadata etcd's treatment
+// (leaderWatch): refused, or cancelled while open, with "no leader" once
+// the node has had none for 3 election timeouts.
+func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	rl := requireLeader(ss.Context())
+	st, done, err := s.leader.open(ss, rl, time.Now())
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrGRPCNoLeader) {
+			s.noLeader.WithLabelValues("refused").Inc()
+		}
+		return err
+	}
+	defer done()
+	return handler(srv, st)
 }
 
 // Register registers every service on g.
@@ -207,10 +273,12 @@ func (s *Server) Register(g *grpc.Server) {
 
 func (s *Server) hasLeader() bool { return s.cfg.HasLeader == nil || s.cfg.HasLeader() }
 
-// unaryInterceptor refuses requests that require a leader when there is
-// none, as etcd does for the "hasleader" metadata.
+// unaryInterceptor refuses requests that require a leader when the node
+// has had none for 3 election timeouts (leaderWatch), and sheds load past
+// the in-flight limits.
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if requireLeader(ctx) && !s.hasLeader() {
+	if requireLeader(ctx) && s.leader.leaderless(time.Now()) {
+		s.noLeader.WithLabelValues("refused").Inc()
 		return nil, rpctypes.ErrGRPCNoLeader
 	}
 	var n *atomic.Int64
