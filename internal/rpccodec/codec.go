@@ -1,6 +1,7 @@
 package rpccodec
 
 import (
+	"google.golang.org/grpc/backoff"
 	"time"
 
 	"google.golang.org/grpc"
@@ -138,11 +139,26 @@ const (
 	PeerDialKeepaliveTime = 10 * time.Second
 )
 
+// PeerReconnect is how connections between nodes reconnect: gRPC's
+// default backoff starts at 1 s and grows by 1.6 up to 2 minutes, so a
+// node back from a restart of a few seconds was reached by its peers only
+// 1-3 s later (its raft groups heard no leader, and it served nothing,
+// meanwhile), and after a longer outage (a rolling upgrade) tens of
+// seconds later. etcd's peers redial every 100 ms (rafthttp). These retry
+// from 50 ms up to 250 ms; an attempt gets 5 s to connect (a handshake with a
+// node short of CPU is slow; a node that is down refuses at once).
+var PeerReconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 250 * time.Millisecond},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // PeerDialOptions are the dial options of connections between nodes: the
-// codec, message limits, keepalive pings (see PeerKeepaliveTime) and
-// static flow-control windows (see StaticWindow).
+// codec, message limits, keepalive pings (see PeerKeepaliveTime), the
+// reconnection backoff (PeerReconnect) and static flow-control windows
+// (see StaticWindow).
 func PeerDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
+		grpc.WithConnectParams(PeerReconnect),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(New()), grpc.MaxCallRecvMsgSize(1<<30), grpc.MaxCallSendMsgSize(1<<30)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: PeerDialKeepaliveTime, Timeout: PeerKeepaliveTimeout, PermitWithoutStream: true}),
