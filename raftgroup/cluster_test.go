@@ -1179,3 +1179,118 @@ func TestDefaultTruncationKeepsTheLogOutOfSSTables(t *testing.T) {
 		}
 	}
 }
+
+// tickGroup queues n ticks for g (hosts with manual ticks).
+func tickGroup(g *Group, n int) {
+	g.inbox.Lock()
+	for i := 0; i < n; i++ {
+		g.addTickLocked()
+	}
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+// TestAdvanceElection checks etcd's tick advance for a restarted member:
+// a replica that knows no leader campaigns after at most ElectionTicks+1
+// further ticks (raft's randomised timeout is below 2*ElectionTicks, and
+// the advance is ElectionTicks-2), where without the advance it would
+// need ElectionTicks at least and up to twice that. Ticks are manual:
+// only node 1's replica ticks, so only it can start the election.
+func TestAdvanceElection(t *testing.T) {
+	const election = 100
+	manual := func(c *Config) { c.TickInterval = time.Hour; c.ElectionTicks = election }
+	tr := NewMemTransport()
+	var nodes []*testNode
+	for id := uint64(1); id <= 3; id++ {
+		nodes = append(nodes, startNodeWith(t, tr, id, vfs.NewMem(), []uint64{1, 2, 3}, manual))
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			n.host.Stop()
+		}
+	})
+	g := nodes[0].host.Group(testGroup)
+	g.AdvanceElection()
+	tickGroup(g, election+1)
+	if l := waitLeader(t, groupsOf(nodes...)...); l != g {
+		t.Fatalf("node %d leads; only node 1 ticked", l.host.cfg.NodeID)
+	}
+}
+
+// TestAdvanceElectionLeavesLeaderAlone checks that a replica told to
+// advance its election while its group has a leader (a node restarted
+// into a healthy cluster) does not disrupt it: its pre-vote is refused by
+// peers that hear the leader, and the term stays.
+func TestAdvanceElectionLeavesLeaderAlone(t *testing.T) {
+	const election = 10
+	manual := func(c *Config) { c.TickInterval = time.Hour; c.ElectionTicks = election }
+	nodes, leader, follower := startLedTrio(t, NewMemTransport(), manual)
+	propose(t, leader, 1)
+	term := leader.Status().Term
+	fg := follower.host.Group(testGroup)
+	// The follower has not heard the leader for a while (its clock runs,
+	// the others' do not): its pre-vote goes out.
+	fg.AdvanceElection()
+	tickGroup(fg, 2*election)
+	propose(t, leader, 1)
+	waitCount(t, follower, 2)
+	if st := leader.Status(); !st.IsLeader || st.Term != term {
+		t.Fatalf("the leader was disrupted: %+v (term was %d)", st, term)
+	}
+	for _, n := range nodes {
+		if st := n.host.Group(testGroup).Status(); st.Term != term {
+			t.Fatalf("node %d is at term %d, the leader's is %d", n.id, st.Term, term)
+		}
+	}
+}
+
+// TestPeerLostElectsAtOnce checks that the followers of a leader whose
+// node died elect a new leader without waiting out their election
+// timeout once they learn of the death (Host.PeerLost): each forgets the
+// leader and grants pre-votes at once. Ticks are manual and only one
+// follower ticks: the other, which never ticks, would refuse its pre-vote
+// while it still counted the dead leader as its own.
+func TestPeerLostElectsAtOnce(t *testing.T) {
+	const election = 100
+	manual := func(c *Config) { c.TickInterval = time.Hour; c.ElectionTicks = election }
+	tr := NewMemTransport()
+	nodes, leader, _ := startLedTrio(t, tr, manual)
+	propose(t, leader, 1)
+	var dead *testNode
+	var alive []*testNode
+	for _, n := range nodes {
+		if n.host.Group(testGroup) == leader {
+			dead = n
+		} else {
+			alive = append(alive, n)
+		}
+	}
+	// Nothing of the leader's is still on its way to the followers (with
+	// manual ticks it sends no heartbeats): a message arriving after
+	// PeerLost would make them follow it again.
+	for _, n := range alive {
+		waitCount(t, n, 1)
+		for n.host.Group(testGroup).Status().Commit < leader.Status().Commit {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	term := leader.Status().Term
+	tr.Unregister(dead.id) // its messages go nowhere: a killed process
+	for _, n := range alive {
+		if got := n.host.PeerLost(dead.id); got != 1 {
+			t.Fatalf("node %d forgot the leader of %d groups, want 1", n.id, got)
+		}
+	}
+	g := alive[0].host.Group(testGroup)
+	tickGroup(g, election+1)
+	if l := waitLeader(t, groupsOf(alive...)...); l != g {
+		t.Fatalf("node %d leads; only node %d ticked", l.host.cfg.NodeID, alive[0].id)
+	}
+	if st := g.Status(); st.Term <= term {
+		t.Fatalf("new leader at term %d, the dead one's was %d", st.Term, term)
+	}
+	// A node that loses a peer it does not follow changes nothing.
+	if got := alive[1].host.PeerLost(99); got != 0 {
+		t.Fatalf("losing an unknown peer touched %d groups", got)
+	}
+}

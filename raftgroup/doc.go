@@ -31,6 +31,18 @@
 // and leaders would find "no quorum active" with their followers'
 // answers unread. The clock slows as the node does.
 //
+// # Elections
+//
+// Raft runs with PreVote and CheckQuorum, so a replica that campaigns
+// while its peers hear a leader changes nothing. Two shortcuts use that.
+// When a peer's connection breaks (its process died), every group that
+// follows it forgets it (raft's ForgetLeader) and moves close to its
+// election timeout (Host.PeerLost, Group.LeaderLost): the followers of a
+// killed leader elect a new one within a few ticks plus raft's
+// randomisation instead of a whole election timeout. A restarted node does
+// the same for its leaderless groups once a peer is reachable
+// (Group.AdvanceElection; etcd's initial election tick advance).
+//
 // # State machines
 //
 // A group's StateMachine applies one committed command at a time. Apply

@@ -129,6 +129,8 @@ type Group struct {
 		ticks       int               // ticks before the first queued message; protected by inbox
 		ticksAfter  int               // ticks after it; protected by inbox
 		campaign    bool              // protected by inbox
+		advance     int               // election ticks to advance (AdvanceElection); protected by inbox
+		forget      uint64            // a leader whose node died (LeaderLost); protected by inbox
 		transfer    uint64            // protected by inbox
 		transferIn  uint64            // term transfer is for (0: any); protected by inbox
 		transferred chan bool         // told what raft made of transfer (nil: no one asks); protected by inbox
@@ -364,6 +366,38 @@ func (g *Group) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) e
 func (g *Group) Campaign() {
 	g.inbox.Lock()
 	g.inbox.campaign = true
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+// AdvanceElection moves a replica that knows no leader close to its
+// election timeout: it campaigns (a pre-vote, which peers that hear a
+// leader refuse) within a few ticks plus raft's randomisation instead of
+// after one to two whole election timeouts. etcd does this when a member
+// restarts and reaches its peers (InitialElectionTickAdvance): a cluster
+// restarted as a whole elected its leaders a second or more later than
+// etcd did. The ticks do not count in the group's tick clock
+// (quietClock), which every group shares.
+func (g *Group) AdvanceElection() {
+	g.inbox.Lock()
+	g.inbox.advance = max(g.host.cfg.ElectionTicks-2, 0)
+	g.inbox.Unlock()
+	g.host.sched.enqueue(g)
+}
+
+// LeaderLost tells a follower that the node it follows, leader, died (its
+// connection broke): the follower forgets it (raft's ForgetLeader, which
+// CockroachDB uses when node liveness says a leader is dead) and advances
+// its election (AdvanceElection). A leaderless follower grants pre-votes
+// at once, so when the followers of a killed leader all learn it, one of
+// them is elected within a few ticks plus raft's randomisation, instead of
+// after a whole election timeout with no heartbeat. A follower wrong
+// about its leader reverts at the leader's next heartbeat, and its
+// pre-vote is refused by followers that still hear the leader.
+func (g *Group) LeaderLost(leader uint64) {
+	g.inbox.Lock()
+	g.inbox.forget = leader
+	g.inbox.advance = max(g.host.cfg.ElectionTicks-2, 0)
 	g.inbox.Unlock()
 	g.host.sched.enqueue(g)
 }
@@ -610,6 +644,8 @@ func (g *Group) drainInbox() {
 	msgs, props, ticks, ticksAfter := g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter
 	msgsSince := g.inbox.msgsSince
 	campaign, transfer, transferIn, transferred := g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred
+	advance, forget := g.inbox.advance, g.inbox.forget
+	g.inbox.advance, g.inbox.forget = 0, 0
 	reports, reads, confs, unreachable := g.inbox.snapReports, g.inbox.readIndex, g.inbox.confChanges, g.inbox.unreachable
 	g.inbox.msgs, g.inbox.props, g.inbox.ticks, g.inbox.ticksAfter = nil, nil, 0, 0
 	g.inbox.campaign, g.inbox.transfer, g.inbox.transferIn, g.inbox.transferred = false, 0, 0, nil
@@ -649,6 +685,14 @@ func (g *Group) drainInbox() {
 	for i := 0; i < ticks; i++ {
 		g.rn.Tick()
 		g.ticked++
+	}
+	if st := g.rn.BasicStatus(); forget != 0 && st.Lead == forget && st.RaftState == raft.StateFollower {
+		_ = g.rn.ForgetLeader()
+	}
+	if advance > 0 && g.rn.BasicStatus().Lead == raft.None && g.rn.BasicStatus().RaftState == raft.StateFollower {
+		for i := 0; i < advance; i++ {
+			g.rn.Tick()
+		}
 	}
 	if campaign {
 		_ = g.rn.Campaign()

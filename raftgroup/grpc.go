@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/connectivity"
 	"io"
 	"log/slog"
 	"math"
@@ -210,14 +211,21 @@ func RegisterService(s *grpc.Server, h *Host) {
 type hostServer struct{ h *Host }
 
 func (hs hostServer) messages(s grpc.ServerStream) error {
+	var from uint64
 	for {
 		var b RaftBatch
 		if err := s.RecvMsg(&b); err != nil {
 			if errors.Is(err, io.EOF) {
 				return s.SendMsg(&Ack{})
 			}
+			// The sender's end broke without closing its stream: its
+			// process died (a kill, a crash) or the connection failed.
+			if from != 0 && s.Context().Err() != nil {
+				hs.h.PeerLost(from)
+			}
 			return err
 		}
+		from = b.From
 		hs.h.metrics.batchesReceived.Inc()
 		if b.Queued > 0 {
 			// Clamped at 0: the two nodes' clocks may disagree.
@@ -437,8 +445,10 @@ func (p *peer) run() {
 			p.t.host.metrics.sendQueue.Observe(time.Since(time.Unix(0, queued)).Seconds())
 		}
 
+		var conn *grpc.ClientConn
 		if stream == nil {
-			conn, err := p.t.conns.Conn(p.to)
+			var err error
+			conn, err = p.t.conns.Conn(p.to)
 			if err == nil {
 				var ctx context.Context
 				ctx, cancel = context.WithCancel(context.Background())
@@ -449,7 +459,7 @@ func (p *peer) run() {
 			}
 			if err != nil {
 				p.unreachable(batch, err)
-				time.Sleep(backoff)
+				waitReconnect(conn, backoff)
 				backoff = min(2*backoff, time.Second)
 				continue
 			}
@@ -458,7 +468,7 @@ func (p *peer) run() {
 			cancel()
 			stream = nil
 			p.unreachable(batch, err)
-			time.Sleep(backoff)
+			waitReconnect(conn, backoff)
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
@@ -467,6 +477,29 @@ func (p *peer) run() {
 			sent.messages.Add(float64(len(batch)))
 		}
 		backoff = 10 * time.Millisecond
+	}
+}
+
+// waitReconnect pauses a sender whose stream failed for up to d, but
+// returns as soon as conn (nil: none yet) is connected again: a node back
+// from a restart hears its leaders' heartbeats within gRPC's reconnection
+// delay (rpccodec.PeerReconnect), not after a pause that grew while it was
+// down. A connection that is up although the stream failed (the peer
+// refused it) waits the whole d.
+func waitReconnect(conn *grpc.ClientConn, d time.Duration) {
+	if conn == nil || conn.GetState() == connectivity.Ready {
+		time.Sleep(d)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+		if st == connectivity.Idle {
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, st) {
+			return
+		}
 	}
 }
 

@@ -27,6 +27,8 @@ type Host struct {
 
 	nonce uint64
 	seq   atomic.Uint64
+	// stopping is set by BeginStop.
+	stopping atomic.Bool
 	// ticks counts the ticker's ticks; a group created counts its own
 	// from there (Group.ticked), so the groups' quiet heartbeats
 	// (heartbeatNeedless) go at the same ticks.
@@ -114,6 +116,11 @@ func (h *Host) Start() {
 	}()
 }
 
+// BeginStop tells the host that its node is stopping: the connections
+// that break from now on are its own doing, not its peers' deaths
+// (PeerLost ignores them).
+func (h *Host) BeginStop() { h.stopping.Store(true) }
+
 // Stop stops the workers. Waiting proposers get ErrStopped.
 func (h *Host) Stop() {
 	h.stopOnce.Do(func() {
@@ -126,6 +133,33 @@ func (h *Host) Stop() {
 		}
 		h.mu.RUnlock()
 	})
+}
+
+// PeerLost tells the host that node's connection broke (its process
+// died, or the network between them failed): every group that follows it
+// forgets it and advances its election (Group.LeaderLost). It returns how
+// many groups it told.
+func (h *Host) PeerLost(node uint64) int {
+	if h.stopping.Load() {
+		return 0
+	}
+	h.mu.RLock()
+	var led []*Group
+	for _, g := range h.mu.groups {
+		if g.Status().Lead == node && node != h.cfg.NodeID {
+			led = append(led, g)
+		}
+	}
+	h.mu.RUnlock()
+	for _, g := range led {
+		g.LeaderLost(node)
+	}
+	if len(led) > 0 {
+		h.metrics.leadersLost.Add(float64(len(led)))
+		h.log.Info("a leader's connection broke: its followers here forget it and advance their elections",
+			"node", fmt.Sprintf("%x", node), "groups", len(led))
+	}
+	return len(led)
 }
 
 // Group returns the hosted group with the given ID, or nil.

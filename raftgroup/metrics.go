@@ -9,6 +9,7 @@ type metrics struct {
 	proposals         prometheus.Counter
 	proposalsDropped  prometheus.Counter
 	deposedProposals  *prometheus.CounterVec
+	leadersLost       prometheus.Counter
 	applied           prometheus.Counter
 	roundGroups       prometheus.Histogram
 	logSync           prometheus.Histogram
@@ -43,6 +44,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "brain_raft_deposed_proposals_total",
 			Help: "Proposals a deposed leader waited on past its leadership (ProposeAsyncFate), by fate: applied (a later leader committed it), dropped (it never will apply) or unknown (no answer in time, or a snapshot hid it).",
 		}, []string{"fate"}),
+		leadersLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brain_raft_leaders_lost_total",
+			Help: "Groups whose replica here forgot its leader because the leader's node connection broke (its process died), and advanced its election (Host.PeerLost).",
+		}),
 		applied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brain_raft_applied_entries_total", Help: "Committed raft entries applied.",
 		}),
@@ -121,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.deposedProposals.WithLabelValues(fate)
 	}
 	if reg != nil {
-		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.snapshotsJoined, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
+		reg.MustRegister(m.proposals, m.proposalsDropped, m.deposedProposals, m.leadersLost, m.applied, m.roundGroups, m.logSync, m.snapshotsSent, m.snapshotsReceived, m.snapshotsJoined, m.batchesReceived, m.batchesSent, m.messagesSent, m.batchTransit, m.sendQueue, m.inboxWait, m.tickDelay, m.messagesReceived, m.heartbeatsSkipped, leadership, m.leader, m.term, m.appliedIndex)
 	}
 	return m
 }
