@@ -15,6 +15,10 @@
 // Pebble writes a flush or a compaction in ~4 KiB calls, one system call
 // per block, on nodes whose CPU share system calls quickly use up.
 //
+// Opening the store fails, rather than hangs, when flushing the replayed
+// write-ahead log fails (a full disk): Pebble retries that flush for ever
+// (engine.go, openOrFail); the failed flush's files are removed.
+//
 // # Keyspace
 //
 // The first byte of every key is a namespace:

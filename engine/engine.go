@@ -2,9 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -84,6 +88,9 @@ func Open(cfg Config) (*pebble.DB, error) {
 	} else {
 		opts.EventListener = infoEvents(cfg.Logger.With("component", "pebble"), cfg.FS)
 	}
+	op := newOpening()
+	opts.FS = gateFS{opts.FS, op}
+	watchBackgroundErrors(opts.EventListener, cfg.Logger.With("component", "pebble"), op)
 	separateValues(opts, cfg.ValueSeparationMinBytes)
 	opts.EnsureDefaults()
 	for i := range opts.Levels {
@@ -92,11 +99,226 @@ func Open(cfg Config) (*pebble.DB, error) {
 		opts.Levels[i].FilterPolicy = bloomPolicy
 		opts.Levels[i].FilterType = pebble.TableFilter
 	}
-	db, err := pebble.Open(cfg.Dir, opts)
-	if err != nil {
-		return nil, fmt.Errorf("engine: open %s: %w", cfg.Dir, err)
+	return openOrFail(cfg, opts, op)
+}
+
+// openOrFail opens Pebble, failing as soon as a flush fails while it
+// opens. Pebble's Open flushes what it replays from the write-ahead log
+// and waits for that flush, which it retries for ever: on a full disk a
+// node restarted after a crash hung in Open, logging every failed attempt
+// (about 50 lines a second), and never served. etcd exits in that case,
+// and so does brainnode (the error names the disk, its free space and
+// what the log held): the operator frees space and starts it again.
+//
+// The failed flush's files are removed, and Pebble's retry, which would
+// create more, is held at its first file creation (gateFS) until the
+// process exits: a failed start leaves the data directory as it found it.
+func openOrFail(cfg Config, opts *pebble.Options, op *opening) (*pebble.DB, error) {
+	type result struct {
+		db  *pebble.DB
+		err error
 	}
-	return db, nil
+	done := make(chan result, 1)
+	go func() {
+		db, err := pebble.Open(cfg.Dir, opts)
+		done <- result{db, err}
+	}()
+	select {
+	case r := <-done:
+		op.finish()
+		if r.err != nil {
+			return nil, fmt.Errorf("engine: open %s: %w", cfg.Dir, describeFailure(cfg, r.err))
+		}
+		return r.db, nil
+	case f := <-op.failed:
+		for _, path := range f.files {
+			if err := cfg.FS.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				cfg.Logger.Warn("could not remove a file of the failed flush", "path", path, "err", err)
+			}
+		}
+		return nil, fmt.Errorf("engine: open %s: flushing the replayed write-ahead log failed: %w", cfg.Dir, describeFailure(cfg, f.err))
+	}
+}
+
+// opening follows Pebble's Open for openOrFail: the files each flush job
+// creates, and the first flush that fails.
+type opening struct {
+	failed chan openFailure // buffered; the first failure only
+	mu     sync.Mutex
+	done   bool             // Open returned: nothing more to follow; protected by mu
+	jobs   map[int][]string // flush job -> the files it created; protected by mu
+	hold   chan struct{}    // closed never: file creations wait on it once held
+	held   bool             // a flush failed: hold file creations; protected by mu
+}
+
+type openFailure struct {
+	err   error
+	files []string
+}
+
+func newOpening() *opening {
+	return &opening{failed: make(chan openFailure, 1), jobs: make(map[int][]string), hold: make(chan struct{})}
+}
+
+func (o *opening) created(job int, reason, path string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.done && reason == "flushing" {
+		o.jobs[job] = append(o.jobs[job], path)
+	}
+}
+
+// flushEnded records a flush's end; a failed flush while Pebble opens
+// holds further file creations and reports the failure.
+func (o *opening) flushEnded(job int, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return
+	}
+	files := o.jobs[job]
+	delete(o.jobs, job)
+	if !flushFailed(err) || o.held {
+		return
+	}
+	o.held = true
+	o.failed <- openFailure{err: err, files: files}
+}
+
+func (o *opening) finish() {
+	o.mu.Lock()
+	o.done, o.jobs = true, nil
+	o.mu.Unlock()
+}
+
+// waitIfHeld blocks a file creation for good once a flush failed during
+// Open (the process is about to exit with openOrFail's error).
+func (o *opening) waitIfHeld() {
+	o.mu.Lock()
+	held := o.held
+	o.mu.Unlock()
+	if held {
+		<-o.hold
+	}
+}
+
+// gateFS holds file creations once a flush failed during Open (opening).
+type gateFS struct {
+	vfs.FS
+	o *opening
+}
+
+func (fs gateFS) Unwrap() vfs.FS { return fs.FS }
+
+func (fs gateFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	fs.o.waitIfHeld()
+	return fs.FS.Create(name, category)
+}
+
+// flushFailed reports whether a flush's error is a failure: Pebble reports
+// a flush that wrote no table (its memtables held only deletions of
+// nothing, or nothing) as "pebble: empty table".
+func flushFailed(err error) bool {
+	return err != nil && err.Error() != "pebble: empty table"
+}
+
+// ErrNoSpace reports a full disk: the node cannot start (or write) until
+// space is freed on the data directory's file system.
+var ErrNoSpace = errors.New("engine: no space left on the data directory's disk")
+
+// describeFailure adds, to an error caused by a full disk, the disk's free
+// space and the size of the write-ahead log that opening must flush.
+func describeFailure(cfg Config, err error) error {
+	if !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	var wal int64
+	if names, lerr := cfg.FS.List(cfg.Dir); lerr == nil {
+		for _, n := range names {
+			if strings.HasSuffix(n, ".log") {
+				if st, serr := cfg.FS.Stat(cfg.FS.PathJoin(cfg.Dir, n)); serr == nil {
+					wal += st.Size()
+				}
+			}
+		}
+	}
+	free := "unknown"
+	if u, uerr := cfg.FS.GetDiskUsage(cfg.Dir); uerr == nil {
+		free = fmt.Sprintf("%d MiB", u.AvailBytes>>20)
+	}
+	return fmt.Errorf("%w (%w); free: %s, write-ahead log files: %d MiB (opening flushes up to that much)", ErrNoSpace, err, free, wal>>20)
+}
+
+// watchBackgroundErrors makes l log failed flushes and compactions and
+// Pebble's background errors at most once every backgroundErrorEvery (a
+// failing disk fails every retry, hundreds a second), with the count of
+// the ones not logged, and tells op about flush jobs.
+func watchBackgroundErrors(l *pebble.EventListener, log *slog.Logger, op *opening) {
+	th := &throttle{every: backgroundErrorEvery}
+	flushEnd, compactionEnd := l.FlushEnd, l.CompactionEnd
+	tableCreated, blobCreated := l.TableCreated, l.BlobFileCreated
+	l.TableCreated = func(i pebble.TableCreateInfo) {
+		op.created(i.JobID, i.Reason, i.Path)
+		if tableCreated != nil {
+			tableCreated(i)
+		}
+	}
+	l.BlobFileCreated = func(i pebble.BlobFileCreateInfo) {
+		op.created(i.JobID, i.Reason, i.Path)
+		if blobCreated != nil {
+			blobCreated(i)
+		}
+	}
+	l.FlushEnd = func(i pebble.FlushInfo) {
+		if !flushFailed(i.Err) || th.allow() {
+			if flushEnd != nil {
+				flushEnd(i)
+			}
+		}
+		op.flushEnded(i.JobID, i.Err)
+	}
+	l.CompactionEnd = func(i pebble.CompactionInfo) {
+		if i.Err == nil || th.allow() {
+			if compactionEnd != nil {
+				compactionEnd(i)
+			}
+		}
+	}
+	l.BackgroundError = func(err error) {
+		if n, ok := th.allowBackground(); ok {
+			log.Error("storage background error", "err", err, "not_logged_since_last", n)
+		}
+	}
+}
+
+// backgroundErrorEvery is the least interval between two log lines of
+// failed storage jobs.
+const backgroundErrorEvery = 10 * time.Second
+
+// throttle lets one event through per interval for each of two kinds
+// (job ends, background errors), counting those it held back.
+type throttle struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  [2]time.Time // protected by mu
+	held  [2]int       // protected by mu
+}
+
+func (t *throttle) allow() bool { _, ok := t.let(0); return ok }
+
+func (t *throttle) allowBackground() (int, bool) { return t.let(1) }
+
+func (t *throttle) let(kind int) (int, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if !t.last[kind].IsZero() && now.Sub(t.last[kind]) < t.every {
+		t.held[kind]++
+		return 0, false
+	}
+	n := t.held[kind]
+	t.last[kind], t.held[kind] = now, 0
+	return n, true
 }
 
 // longCompaction is how long a compaction runs before it is logged at
@@ -117,7 +339,7 @@ func infoEvents(log *slog.Logger, fs vfs.FS) *pebble.EventListener {
 		BlobFileCreated: func(i pebble.BlobFileCreateInfo) { blobs.add(i.JobID, i.Path) },
 		FlushEnd: func(i pebble.FlushInfo) {
 			blob := blobs.take(i.JobID, fs)
-			if i.Err != nil {
+			if flushFailed(i.Err) {
 				log.Warn("memtable flush failed", "job", i.JobID, "err", i.Err)
 				return
 			}
@@ -190,6 +412,11 @@ func (s slogLogger) Errorf(format string, args ...interface{}) {
 	s.l.Error(fmt.Sprintf(format, args...))
 }
 func (s slogLogger) Fatalf(format string, args ...interface{}) {
-	s.l.Error(fmt.Sprintf(format, args...))
-	panic(fmt.Sprintf(format, args...))
+	msg := fmt.Sprintf(format, args...)
+	hint := "the node stops (fail-stop) and recovers what reached the disk when it starts again"
+	if strings.Contains(msg, syscall.ENOSPC.Error()) {
+		hint = "the data directory's disk is full: free space on it and start the node again"
+	}
+	s.l.Error("fatal storage error; stopping", "err", msg, "hint", hint)
+	panic(msg)
 }
