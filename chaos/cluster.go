@@ -73,8 +73,9 @@ func (n *Node) Up() bool {
 	return n.cmd != nil && !n.goneLocked()
 }
 
-// Leads returns the raft groups the node leads ("1" is the TSO), from its
-// metrics; nil if it does not answer within a second.
+// Leads returns the raft groups the node leads ("1" is the TSO; an etcd
+// member leading its cluster leads "1"), from its metrics; nil if it does
+// not answer within a second.
 func (n *Node) Leads() []string {
 	c := http.Client{Timeout: time.Second}
 	resp, err := c.Get("http://" + n.Endpoint() + "/metrics")
@@ -89,14 +90,29 @@ func (n *Node) Leads() []string {
 		if strings.HasPrefix(line, "brain_raft_is_leader{") && strings.HasSuffix(line, " 1") {
 			groups = append(groups, strings.TrimSuffix(strings.TrimPrefix(line, `brain_raft_is_leader{group="`), `"} 1`))
 		}
+		if line == "etcd_server_is_leader 1" {
+			groups = append(groups, "1")
+		}
 	}
 	sort.Strings(groups)
 	return groups
 }
 
-// Cluster is a cluster of brainnode processes on loopback ports.
+// Systems a Cluster runs: brain (brainnode processes) or etcd (etcdref
+// processes: etcd's own server built from go.etcd.io/etcd/server/v3/embed),
+// so that a fault schedule can be run against the reference too.
+const (
+	SystemBrain = "brain"
+	SystemEtcd  = "etcd"
+)
+
+// Cluster is a cluster of brainnode (or etcdref) processes on loopback
+// ports.
 type Cluster struct {
-	Bin    string
+	Bin string
+	// System is SystemBrain (default) or SystemEtcd; Bin must be the
+	// system's binary.
+	System string
 	Nodes  []*Node
 	Splits []string
 	// Env is added to every node's environment (the bug injection knob of
@@ -180,10 +196,12 @@ func (c *Cluster) Start(n *Node) error {
 		"--listen-client-urls", "http://" + n.Endpoint(),
 		"--listen-peer-urls", n.peerURL(),
 		"--initial-advertise-peer-urls", n.peerURL(),
-		"--initial-cluster", c.initial,
-		"--log-level", "info"}
-	if len(c.Splits) > 0 {
-		args = append(args, "--initial-split-points", strings.Join(c.Splits, ","))
+		"--initial-cluster", c.initial}
+	if c.System != SystemEtcd {
+		args = append(args, "--log-level", "info")
+		if len(c.Splits) > 0 {
+			args = append(args, "--initial-split-points", strings.Join(c.Splits, ","))
+		}
 	}
 	logf, err := os.OpenFile(n.LogPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -231,6 +249,48 @@ func (c *Cluster) Kill(n *Node) {
 	case <-time.After(10 * time.Second):
 	}
 	n.cmd, n.paused = nil, false
+}
+
+// Terminate stops n cleanly with SIGTERM (a planned restart: the node
+// hands its leaderships off first) and waits for it to exit; after 20 s it
+// is killed.
+func (c *Cluster) Terminate(n *Node) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return
+	}
+	n.killing.Store(true)
+	if n.paused {
+		_ = n.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(20 * time.Second):
+		_ = n.cmd.Process.Signal(syscall.SIGKILL)
+		<-n.exited
+	}
+	n.cmd, n.paused = nil, false
+}
+
+// WaitHealthy waits until n answers /health with status 200.
+func (c *Cluster) WaitHealthy(ctx context.Context, n *Node) error {
+	hc := http.Client{Timeout: time.Second}
+	for {
+		resp, err := hc.Get("http://" + n.Endpoint() + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s does not serve: %v", n.Name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Pause stops n with SIGSTOP.
@@ -364,21 +424,9 @@ func (c *Cluster) Heal() error {
 
 // WaitServing waits until every node answers /health with status 200.
 func (c *Cluster) WaitServing(ctx context.Context) error {
-	hc := http.Client{Timeout: time.Second}
 	for _, n := range c.Nodes {
-		for {
-			resp, err := hc.Get("http://" + n.Endpoint() + "/health")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					break
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%s does not serve: %v", n.Name, ctx.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
+		if err := c.WaitHealthy(ctx, n); err != nil {
+			return err
 		}
 	}
 	return nil

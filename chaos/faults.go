@@ -16,6 +16,7 @@ import (
 //   - kill: kill -9 a random node, restart it after the hold time;
 //   - pause: SIGSTOP a random node, SIGCONT after the hold time;
 //   - kill-tso-leader: kill -9 the node leading the TSO, then restart it;
+//   - kill-meta-leader: the same for the node leading the meta group;
 //   - pause-busiest: SIGSTOP the node leading the most groups;
 //   - restart-all: kill -9 every node, then start them all again.
 //   - disk-stall: every disk write of a random node waits 500 ms (a hung
@@ -27,7 +28,12 @@ import (
 // The disk faults are injected through the node's Pebble filesystem (see
 // internal/diskfault); a run that draws one starts its nodes with
 // BRAIN_DISK_FAULTS=1.
-var FaultNames = []string{"kill", "pause", "kill-tso-leader", "pause-busiest", "restart-all", "disk-stall", "disk-fail", "disk-full"}
+var FaultNames = []string{"kill", "pause", "kill-tso-leader", "kill-meta-leader", "pause-busiest", "restart-all", "disk-stall", "disk-fail", "disk-full"}
+
+// EtcdFaultNames are the faults a run against etcd draws from
+// (Config.System): kill-tso-leader kills etcd's leader, and pause-busiest
+// pauses it.
+var EtcdFaultNames = []string{"kill", "pause", "kill-tso-leader", "pause-busiest", "restart-all"}
 
 // DiskFaultNames are the faults that need BRAIN_DISK_FAULTS=1.
 var DiskFaultNames = []string{"disk-stall", "disk-fail", "disk-full"}
@@ -47,9 +53,47 @@ var NetFaultNames = []string{"isolate", "isolate-tso-leader", "one-way", "bridge
 
 // Timeline is the record of what the nemesis did, on the history's clock.
 type Timeline struct {
-	rec *history.Recorder
-	mu  sync.Mutex
-	ev  []string
+	rec   *history.Recorder
+	mu    sync.Mutex
+	ev    []string
+	spans []*Span // protected by mu
+}
+
+// Span is one fault on the history's clock, from when it was applied to
+// when it was healed (End 0: not healed in the run).
+type Span struct {
+	Fault string
+	Node  string // the node it targeted ("": the cluster)
+	Start int64
+	End   int64
+}
+
+// begin records that fault started on node ("": the whole cluster).
+func (t *Timeline) begin(fault, node string) *Span {
+	sp := &Span{Fault: fault, Node: node, Start: t.rec.Now()}
+	t.mu.Lock()
+	t.spans = append(t.spans, sp)
+	t.mu.Unlock()
+	return sp
+}
+
+// end records that sp was healed.
+func (t *Timeline) end(sp *Span) {
+	now := t.rec.Now()
+	t.mu.Lock()
+	sp.End = now
+	t.mu.Unlock()
+}
+
+// Spans returns the faults so far, in the order they started.
+func (t *Timeline) Spans() []Span {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Span, len(t.spans))
+	for i, sp := range t.spans {
+		out[i] = *sp
+	}
+	return out
 }
 
 func (t *Timeline) add(action, node string) {
@@ -83,16 +127,20 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 	case "bridge":
 		progress("bridge through %s for %v", random.Name, hold.Round(time.Millisecond))
 		tl.add("bridge", random.Name)
+		sp := tl.begin("bridge", "")
 		err := c.Bridge(random)
 		sleep(ctx, hold)
 		tl.add("heal-network", "all")
 		for _, n := range c.Nodes {
 			c.HealNetwork(n)
 		}
+		tl.end(sp)
 		return err
 	case "slow":
 		progress("slow network for %v", hold.Round(time.Millisecond))
 		tl.add("slow", "all")
+		sp := tl.begin("slow", "")
+		defer tl.end(sp)
 		var err error
 		for _, n := range c.Nodes {
 			err = errors.Join(err, c.Slow(n))
@@ -107,6 +155,10 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 		if target = c.Leader("1"); target == nil {
 			target = random // no leader known (mid-election): any node
 		}
+	case "kill-meta-leader":
+		if target = c.Leader("2"); target == nil {
+			target = random
+		}
 	case "pause-busiest":
 		if target = c.Busiest(); target == nil {
 			target = random
@@ -114,16 +166,22 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 	case "transfer":
 		progress("transfer leaderships for %v", hold.Round(time.Millisecond))
 		tl.add("transfer-storm", "")
+		sp := tl.begin("transfer", "")
+		defer tl.end(sp)
 		asked, done := c.transferStorm(ctx, hold, rng)
 		tl.add("transfer-storm-end", fmt.Sprintf("%d asked, %d done", asked, done))
 		return nil
 	case "move":
+		sp := tl.begin("move", "")
+		defer tl.end(sp)
 		answer := c.move(ctx, rng)
 		progress("move: %s", answer)
 		tl.add("move", answer)
 		sleep(ctx, hold)
 		return nil
 	case "split":
+		sp := tl.begin("split", "")
+		defer tl.end(sp)
 		key, answer := c.split(ctx, rng)
 		progress("split at %s: %s", key, answer)
 		tl.add("split", key+": "+answer)
@@ -132,6 +190,8 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 	case "restart-all":
 		progress("restart-all")
 		tl.add("kill-all", "")
+		sp := tl.begin("restart-all", "")
+		defer tl.end(sp)
 		for _, n := range c.Nodes {
 			c.Kill(n)
 		}
@@ -147,8 +207,10 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 		return fmt.Errorf("unknown fault %q", f)
 	}
 	progress("%s %s for %v", f, target.Name, hold.Round(time.Millisecond))
+	sp := tl.begin(f, target.Name)
+	defer tl.end(sp)
 	switch f {
-	case "kill", "kill-tso-leader":
+	case "kill", "kill-tso-leader", "kill-meta-leader":
 		tl.add(f, target.Name)
 		c.Kill(target)
 		sleep(ctx, hold)

@@ -41,6 +41,10 @@ type Config struct {
 	Clients int
 	// Env is added to every node's environment.
 	Env []string
+	// System is SystemBrain (default), or SystemEtcd to run the same
+	// schedule against etcd (Bin then an etcdref binary; the faults
+	// EtcdFaultNames only).
+	System string
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -60,6 +64,10 @@ type Result struct {
 	FinalRev   int64
 	Violations []string
 	Report     string // the report directory
+	// Costs is what each fault cost the clients (availability.txt).
+	Costs []FaultCost
+	// StreamEnds counts the watch streams that ended with an error.
+	StreamEnds int
 }
 
 // Summary is the run's one-line summary.
@@ -68,8 +76,8 @@ func (r *Result) Summary() string {
 	if len(r.Violations) > 0 {
 		verdict = fmt.Sprintf("%d violations", len(r.Violations))
 	}
-	return fmt.Sprintf("seed=%d faults=%d ops=%d acked-writes=%d unknown=%d lists=%d leases=%d final-revision=%d: %s",
-		r.Seed, r.Faults, r.Ops, r.Acked, r.Unknown, r.Lists, r.Leases, r.FinalRev, verdict)
+	return fmt.Sprintf("seed=%d faults=%d ops=%d acked-writes=%d unknown=%d lists=%d leases=%d final-revision=%d watch-stream-ends=%d: %s",
+		r.Seed, r.Faults, r.Ops, r.Acked, r.Unknown, r.Lists, r.Leases, r.FinalRev, r.StreamEnds, verdict)
 }
 
 // splits put the registers and kube objects into four partitions.
@@ -108,11 +116,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Clients == 0 {
 		cfg.Clients = 4
 	}
-	defaults := FaultNames
-	if cfg.Netns {
-		defaults = append(slices.Clone(FaultNames), NetFaultNames...)
+	if cfg.System == "" {
+		cfg.System = SystemBrain
 	}
-	known := append(slices.Clone(defaults), PlacementFaultNames...)
+	defaults := FaultNames
+	if cfg.System == SystemEtcd {
+		defaults = EtcdFaultNames
+	}
+	if cfg.Netns {
+		defaults = append(slices.Clone(defaults), NetFaultNames...)
+	}
+	known := slices.Clone(defaults)
+	if cfg.System != SystemEtcd {
+		known = append(known, PlacementFaultNames...)
+	}
 	if len(cfg.Faults) == 0 {
 		cfg.Faults = defaults
 	}
@@ -123,6 +140,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if !slices.Contains(known, f) {
 			if slices.Contains(NetFaultNames, f) {
 				return nil, fmt.Errorf("fault %q needs network namespaces (--netns)", f)
+			}
+			if cfg.System == SystemEtcd {
+				return nil, fmt.Errorf("fault %q is brain's own; etcd runs %s", f, strings.Join(known, ", "))
 			}
 			return nil, fmt.Errorf("unknown fault %q (have %s)", f, strings.Join(known, ", "))
 		}
@@ -145,6 +165,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.System = cfg.System
 	c.Env = cfg.Env
 	for _, f := range cfg.Faults {
 		if slices.Contains(DiskFaultNames, f) {
@@ -164,7 +185,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	progress("%d nodes serve (seed %d)", cfg.Nodes, cfg.Seed)
+	progress("%d %s nodes serve (seed %d)", cfg.Nodes, cfg.System, cfg.Seed)
 
 	var clients []*clientv3.Client
 	newClient := func() (*clientv3.Client, error) {
@@ -188,6 +209,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	wctx, stopWatches := context.WithCancel(ctx)
 	defer stopWatches()
 	var watches []*history.Watch
+	nodeWatch := map[*history.Watch]string{} // a watch through one node alone
 	var wwg sync.WaitGroup
 	if slices.Contains(cfg.Workloads, "watch") {
 		// Every key from the first revision with prev_kv, and one resource
@@ -214,6 +236,26 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				defer wwg.Done()
 				history.RecordResumingWatch(wctx, wclients, w, 100*time.Millisecond)
 			}(w)
+		}
+		// kubeadm's layout: each kube-apiserver watches through its own
+		// node alone. Its client waits for that node through a restart;
+		// only an error (such as "no leader") ends the watch, and the
+		// watch is opened again on the same node.
+		for _, n := range c.Nodes {
+			cl, err := clientv3.New(clientv3.Config{Endpoints: []string{n.Endpoint()}, DialTimeout: time.Second, Logger: zap.NewNop(),
+				DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: time.Second})
+			if err != nil {
+				return nil, err
+			}
+			clients = append(clients, cl)
+			w := &history.Watch{Name: "through-" + n.Name, Key: "/registry/", End: "/registry0", Start: start + 1, PrevKV: true}
+			watches = append(watches, w)
+			nodeWatch[w] = n.Name
+			wwg.Add(1)
+			go func() {
+				defer wwg.Done()
+				history.RecordResumingWatch(wctx, []*clientv3.Client{cl}, w, 100*time.Millisecond)
+			}()
 		}
 	}
 
@@ -340,6 +382,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.Violations = append(res.Violations, "watch: "+e.Error())
 		}
 	}
+	spans := timeline.Spans()
+	endNow := rec.Now()
+	ends, nEnds := checkStreamEnds(rec, watches, func(w *history.Watch, _ int) string { return nodeWatch[w] }, spans, endNow)
+	res.StreamEnds = nEnds
+	for _, v := range ends {
+		res.Violations = append(res.Violations, "watch: "+v)
+	}
+	res.Costs = faultCosts(ops, spans, endNow)
 	ls := lists.all()
 	for _, e := range checkLists(ls, ref) {
 		res.Violations = append(res.Violations, "list: "+e.Error())
@@ -526,6 +576,7 @@ func writeReport(cfg Config, res *Result, ops []history.Op, ls []List, leases []
 		write("leases.json", leases),
 		write("watches.json", watches),
 		os.WriteFile(filepath.Join(cfg.Out, "timeline.txt"), []byte(tl.String()), 0o644),
+		os.WriteFile(filepath.Join(cfg.Out, "availability.txt"), []byte(availabilityReport(cfg.System, res.Costs)+"\n"+AvailabilitySummary(res.Costs)), 0o644),
 		os.WriteFile(filepath.Join(cfg.Out, "violations.txt"), []byte(strings.Join(res.Violations, "\n")+"\n"), 0o644),
 		os.WriteFile(filepath.Join(cfg.Out, "summary.txt"), []byte(res.Summary()+"\n"), 0o644),
 	}

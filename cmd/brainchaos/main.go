@@ -51,7 +51,7 @@ if it found a violation (2 if the run itself failed).`,
 				cfg.Env = append(cfg.Env, "BRAIN_INJECT_BUG="+bug)
 			}
 			if cfg.Bin == "" {
-				bin, err := buildBrainnode(race, bug != "")
+				bin, err := buildBrainnode(cfg.System, race, bug != "")
 				if err != nil {
 					return err
 				}
@@ -65,6 +65,7 @@ if it found a violation (2 if the run itself failed).`,
 			if err != nil {
 				return err
 			}
+			fmt.Printf("what the faults cost the clients (%s/availability.txt):\n%s", cfg.Out, chaos.AvailabilitySummary(res.Costs))
 			fmt.Println(res.Summary())
 			for _, v := range res.Violations {
 				fmt.Println("VIOLATION:", v)
@@ -84,7 +85,8 @@ if it found a violation (2 if the run itself failed).`,
 	f.BoolVar(&cfg.Netns, "netns", false, "run each node in a network namespace of its own (root; enables the network faults)")
 	f.StringVar(&workloads, "workloads", strings.Join(chaos.WorkloadNames, ","), "workloads to mix")
 	f.StringVar(&cfg.Out, "out", "", "report directory (default chaos-report/<seed>)")
-	f.StringVar(&cfg.Bin, "brainnode", "", "brainnode binary (default: build ./cmd/brainnode)")
+	f.StringVar(&cfg.Bin, "brainnode", "", "brainnode binary, or etcdref's with --system etcd (default: build ./cmd/brainnode or ./cmd/etcdref)")
+	f.StringVar(&cfg.System, "system", chaos.SystemBrain, "the system under test: brain, or etcd (etcd's own server, ./cmd/etcdref) on the same schedule to compare with; etcd runs the faults "+strings.Join(chaos.EtcdFaultNames, ",")+" (and the network faults)")
 	f.BoolVar(&race, "race", false, "build brainnode with the race detector")
 	f.StringVar(&bug, "inject-bug", "", "checker self-test: build brainnode with the chaosbugs tag and inject this known bug")
 	if err := cmd.Execute(); err != nil {
@@ -103,13 +105,18 @@ func split(s string) []string {
 	return out
 }
 
-// buildBrainnode builds ./cmd/brainnode of the module this runs in.
-func buildBrainnode(race, bugs bool) (string, error) {
+// buildBrainnode builds ./cmd/brainnode of the module this runs in (for
+// system etcd, ./cmd/etcdref).
+func buildBrainnode(system string, race, bugs bool) (string, error) {
 	dir, err := os.MkdirTemp("", "brainchaos")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "brainnode")
+	pkg := "./cmd/brainnode"
+	if system == chaos.SystemEtcd {
+		pkg = "./cmd/etcdref"
+	}
+	bin := filepath.Join(dir, filepath.Base(pkg))
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
@@ -117,11 +124,11 @@ func buildBrainnode(race, bugs bool) (string, error) {
 	if bugs {
 		args = append(args, "-tags", "chaosbugs")
 	}
-	fmt.Fprintf(os.Stderr, "brainchaos: go %s ./cmd/brainnode\n", strings.Join(args, " "))
-	c := exec.Command("go", append(args, "./cmd/brainnode")...)
+	fmt.Fprintf(os.Stderr, "brainchaos: go %s %s\n", strings.Join(args, " "), pkg)
+	c := exec.Command("go", append(args, pkg)...)
 	c.Stdout, c.Stderr = os.Stderr, os.Stderr
 	if err := c.Run(); err != nil {
-		return "", fmt.Errorf("building brainnode (run brainchaos from the repository root): %w", err)
+		return "", fmt.Errorf("building %s (run brainchaos from the repository root): %w", pkg, err)
 	}
 	return bin, nil
 }

@@ -121,7 +121,10 @@ func recordWatchFrom(ctx context.Context, c *clientv3.Client, w *Watch, start in
 // RecordResumingWatch is RecordWatch over several endpoints: when the
 // stream breaks (its node went away), it resumes on the next client from
 // the revision after the last one it saw, as a client whose node died
-// would. It returns when ctx ends.
+// would, and records in w.Ended a stream that ended with an error (etcd's
+// client retries a broken connection itself: what ends a stream is an
+// error such as "no leader", which kube-apiserver answers by re-listing).
+// It returns when ctx ends.
 func RecordResumingWatch(ctx context.Context, clients []*clientv3.Client, w *Watch, progressEvery time.Duration) {
 	for i := 0; ctx.Err() == nil; i++ {
 		c := clients[i%len(clients)]
@@ -131,7 +134,11 @@ func RecordResumingWatch(ctx context.Context, clients []*clientv3.Client, w *Wat
 			w.Resumed = append(w.Resumed, start)
 		}
 		w.mu.Unlock()
-		_ = recordWatchFrom(ctx, c, w, start, progressEvery)
+		if err := recordWatchFrom(ctx, c, w, start, progressEvery); err != nil && ctx.Err() == nil {
+			w.mu.Lock()
+			w.Ended = append(w.Ended, StreamEnd{At: time.Now(), Client: i % len(clients), Err: err.Error()})
+			w.mu.Unlock()
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(50 * time.Millisecond):

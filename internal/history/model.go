@@ -45,6 +45,10 @@ type Output struct {
 	// member_id), so that a violation names the node behind it; 0 if the
 	// request failed.
 	Member uint64 `json:",omitempty"`
+	// FailedAt is when a failed request returned, on the recorder's clock
+	// (an Unknown operation's Return is at infinity for the checkers);
+	// availability reports use it.
+	FailedAt int64 `json:",omitempty"`
 }
 
 // IsWrite reports whether the operation changed the store (as far as the

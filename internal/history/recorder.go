@@ -20,10 +20,16 @@ func NewRecorder() *Recorder { return &Recorder{start: time.Now()} }
 // Now returns the recorder's clock.
 func (r *Recorder) Now() int64 { return int64(time.Since(r.start)) }
 
+// At converts a wall-clock time to the recorder's clock.
+func (r *Recorder) At(t time.Time) int64 { return int64(t.Sub(r.start)) }
+
 // Add records an operation. An operation of unknown outcome is given a
 // return time at infinity: it may take effect at any point after its call.
 func (r *Recorder) Add(op Op) {
 	if op.Out.Unknown {
+		if op.Out.FailedAt == 0 {
+			op.Out.FailedAt = op.Return
+		}
 		op.Return = 1 << 62
 	}
 	r.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Event is one watch event as received.
@@ -45,6 +46,24 @@ type Watch struct {
 	// Resumed lists the start revisions of the stream's segments after a
 	// break (RecordResumingWatch); Start is then the first segment's.
 	Resumed []int64
+	// Ended lists the segments that the server ended with an error (not
+	// the recorder's own cancellation), in order.
+	Ended []StreamEnd
+}
+
+// StreamEnd is a watch stream that ended with an error: when, through
+// which of the recording's clients, and the error.
+type StreamEnd struct {
+	At     time.Time
+	Client int
+	Err    string
+}
+
+// Ends returns the segments ended so far.
+func (w *Watch) Ends() []StreamEnd {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]StreamEnd(nil), w.Ended...)
 }
 
 // CompleteAt returns the revision the stream is complete up to so far.
