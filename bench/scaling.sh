@@ -617,6 +617,10 @@ start_cluster() {
 		if [[ $kind == brain* ]]; then
 			# shellcheck disable=SC2206 # BRAIN_FLAGS is a list of flags
 			args+=(--initial-split-points "$SPLITS" $BRAIN_FLAGS $extra)
+			# The data directory is a tmpfs charged to the container's
+			# memory: no emergency ballast (a binary built --against an
+			# older commit has no such flag).
+			if [[ $kind == brain ]]; then args+=(--emergency-ballast-bytes 0); fi
 			if ((PROFILE > 0)); then args+=(--enable-pprof); fi
 		fi
 		[[ -n $GOMAXPROCS_NODES ]] && nodeargs+=(--env "GOMAXPROCS=$GOMAXPROCS_NODES")

@@ -105,6 +105,13 @@ type Config struct {
 	// MemTableBytes (--memtable-bytes) is the storage memtable size;
 	// default 64 MiB.
 	MemTableBytes uint64
+	// EmergencyBallastBytes (--emergency-ballast-bytes) is the size of the
+	// file a node keeps in its data directory and deletes by itself when
+	// it starts on a full disk, so that replaying its write-ahead log has
+	// room (ballast.go); BallastAuto: 1% of the disk, at least
+	// MemTableBytes, at most 256 MiB and 5% of the disk. 0: none (the
+	// zero Config, as tests use it; brainnode's default is BallastAuto).
+	EmergencyBallastBytes int64
 	// ValueSeparationMinBytes (--value-separation-min-bytes): stored values
 	// at least this large go to blob files, which compactions do not
 	// rewrite (engine.Config's; 0: 256 bytes, negative: none).

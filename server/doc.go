@@ -22,6 +22,17 @@
 //	restore.go     restoring a backup into a new data directory
 //	quota.go       the backend quota and its NOSPACE alarm
 //	tls.go         client and peer TLS
+//	ballast.go     the emergency ballast that lets a node start on a full disk
+//
+// # Starting and stopping
+//
+// A node binds its client listeners before it opens its store and serves
+// the etcd API only once it is ready (it knows its meta leader and the TSO
+// answers), as etcd serves clients only once its member is ready; until
+// then clients wait in their connections. A restarted member advances its
+// groups' elections once a peer is reachable (etcd's initial election tick
+// advance). A clean stop ends client streams, hands leaderships off, and
+// flushes the memtables so that the next start replays no log.
 //
 // Raft is the truth for each group's replicas; gossip carries addresses,
 // liveness and leader hints.

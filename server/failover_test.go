@@ -30,33 +30,7 @@ func TestFailoverKillAndPause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes; skipped with -short")
 	}
-	bin := brainnodeBinary(t)
-	cl, err := chaos.NewCluster(bin, t.TempDir(), 3, concSplits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes := cl.Nodes
-	for _, n := range nodes {
-		if err := cl.Start(n); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer func() {
-		cl.Stop()
-		if t.Failed() {
-			for _, n := range nodes {
-				b, _ := os.ReadFile(n.LogPath())
-				keep := testutil.ArtifactPath(t, n.Name+".log")
-				if err := os.WriteFile(keep, b, 0o644); err == nil {
-					t.Logf("%s log: %s", n.Name, keep)
-				}
-				if len(b) > 4000 {
-					b = b[len(b)-4000:]
-				}
-				t.Logf("%s log tail:\n%s", n.Name, b)
-			}
-		}
-	}()
+	cl := startProcCluster(t, 3)
 	eps := cl.Endpoints()
 	newClient := func() *clientv3.Client {
 		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: time.Second, Logger: zap.NewNop(),
@@ -297,4 +271,38 @@ func TestDeposedLeaderAnswersNoStaleCompare(t *testing.T) {
 		t.Logf("round %d: CAS at mod %d through the deposed leader: err=%v succeeded=%v", round, mod, r.err, r.err == nil && r.resp.Succeeded)
 		time.Sleep(2 * time.Second) // leaders settle (the balancer may move them back)
 	}
+}
+
+// startProcCluster starts n brainnode processes (a chaos.Cluster, built
+// with -race) with the concurrency tests' split points. When the test ends
+// they are killed; if it failed, their logs are kept as artifacts and
+// their tails logged.
+func startProcCluster(t *testing.T, n int) *chaos.Cluster {
+	t.Helper()
+	cl, err := chaos.NewCluster(brainnodeBinary(t), t.TempDir(), n, concSplits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl.Stop()
+		if !t.Failed() {
+			return
+		}
+		for _, n := range cl.Nodes {
+			b, _ := os.ReadFile(n.LogPath())
+			if keep := testutil.ArtifactPath(t, n.Name+".log"); os.WriteFile(keep, b, 0o644) == nil {
+				t.Logf("%s log: %s", n.Name, keep)
+			}
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("%s log tail:\n%s", n.Name, b)
+		}
+	})
+	for _, n := range cl.Nodes {
+		if err := cl.Start(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cl
 }

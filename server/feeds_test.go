@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
 	dto "github.com/prometheus/client_model/go"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -89,23 +87,16 @@ func TestWatchAfterFeedsIdle(t *testing.T) {
 }
 
 // watchCreated opens a watch on key and waits for its created response.
-// Right after start a node may answer "no leader" while its meta replica
-// has not heard its leader yet; clients (kube-apiserver) open the watch
-// again, and so does watchCreated.
+// It is never refused with "no leader", also right after the nodes
+// started: a node serves clients only once it knows a leader.
 func watchCreated(t *testing.T, ctx context.Context, cl *clientv3.Client, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
 	t.Helper()
 	opts = append(opts, clientv3.WithCreatedNotify())
-	for attempt := 0; ; attempt++ {
-		ch := cl.Watch(ctx, key, opts...)
-		wr := <-ch
-		if wr.Created {
-			return ch
-		}
-		if !errors.Is(wr.Err(), rpctypes.ErrNoLeader) || attempt == 50 {
-			t.Fatalf("watch on %q not created: %v", key, wr.Err())
-		}
-		time.Sleep(100 * time.Millisecond)
+	ch := cl.Watch(ctx, key, opts...)
+	if wr := <-ch; !wr.Created {
+		t.Fatalf("watch on %q not created: %v", key, wr.Err())
 	}
+	return ch
 }
 
 // write is a put and the revision it got.

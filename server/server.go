@@ -35,6 +35,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 )
 
 // Server is one brain node.
@@ -90,11 +91,20 @@ type Server struct {
 	peerGRPC   *grpc.Server
 
 	listeners []net.Listener
+	clientLs  []boundListener // bound by listen, served by serve
+	metricsLs []boundListener
 	clientURL []string // the addresses actually bound
-	peerURL   string
-	wg        sync.WaitGroup
-	stopc     chan struct{}
-	stopOnce  sync.Once
+	// ready is set once the node serves client requests (serveWhenReady).
+	ready atomic.Bool
+	// began is when New was called; storageOpen how long opening the
+	// store (and replaying its write-ahead log) took.
+	began       time.Time
+	storageOpen time.Duration
+	ballast     string // what manageBallast did at start
+	peerURL     string
+	wg          sync.WaitGroup
+	stopc       chan struct{}
+	stopOnce    sync.Once
 	// removed is closed when the node learns it was removed from the
 	// cluster (see Removed).
 	removed     chan struct{}
@@ -116,7 +126,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = newLogger(cfg.LogLevel)
 	}
-	s := &Server{cfg: cfg, log: log, registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
+	s := &Server{cfg: cfg, log: log, began: time.Now(), registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
 		routesKick: make(chan struct{}, 1)}
 	s.registry.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.splits = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -152,17 +162,27 @@ func New(cfg Config) (*Server, error) {
 		return float64(s.store.RemoteFeedEvents())
 	})
 	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.leaderLoadGauge, s.offPlacement, feedEvents)
-	if err := s.open(); err != nil {
-		s.closeStorage()
+	err := s.listen()
+	if err == nil {
+		err = s.open()
+	}
+	if err != nil {
+		s.closeListeners()
+		s.closeStorage(false)
 		return nil, err
 	}
 	if err := s.serve(); err != nil {
 		s.Stop()
 		return nil, err
 	}
-	s.log.Info("brain node ready", "name", s.id.Name, "member-id", formatID(s.id.MemberID),
+	s.log.Info("brain node started", "name", s.id.Name, "member-id", formatID(s.id.MemberID),
 		"members", len(s.id.Members), "client-urls", s.clientURL, "data-dir", cfg.DataDir,
-		"partitions", len(s.store.Routes()), "known-revision", s.tso.Known())
+		"partitions", len(s.store.Routes()), "known-revision", s.tso.Known(),
+		// What a restart costs before the node can serve: opening the
+		// store replays its write-ahead log (after a crash, up to the
+		// memtables' worth), and each partition loads its key index.
+		"took", time.Since(s.began).Round(time.Millisecond).String(), "storage-open", s.storageOpen.Round(time.Millisecond).String(),
+		"emergency-ballast", s.ballast)
 	return s, nil
 }
 
@@ -183,10 +203,13 @@ func (s *Server) open() error {
 	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: create data dir: %w", err)
 	}
+	s.ballast = manageBallast(cfg.FS, cfg.DataDir, cfg.EmergencyBallastBytes, cfg.MemTableBytes, s.log)
+	t0 := time.Now()
 	db, err := engine.Open(engine.Config{Dir: filepath.Join(cfg.DataDir, "pebble"), FS: cfg.FS, CacheBytes: cfg.CacheBytes, MemTableBytes: cfg.MemTableBytes, ValueSeparationMinBytes: cfg.ValueSeparationMinBytes, Logger: s.log})
 	if err != nil {
 		return err
 	}
+	s.storageOpen = time.Since(t0)
 	s.db = db
 	s.registry.MustRegister(engine.NewMetricsCollector(db))
 	if err := s.loadOrCreateIdentity(); err != nil {
@@ -378,7 +401,17 @@ func (s *Server) open() error {
 			return err
 		}
 	}
+	restarted := false
+	for _, g := range s.groupIDs() {
+		if st, ok := s.groupStatus(g); ok && st.Commit > raftgroup.InitialIndex {
+			restarted = true
+		}
+	}
 	s.host.Start()
+	if s.clustered() && restarted {
+		s.wg.Add(1)
+		go s.advanceElections()
+	}
 	if !s.clustered() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -404,6 +437,64 @@ func (s *Server) open() error {
 		}
 	}
 	return nil
+}
+
+// advanceElections is etcd's InitialElectionTickAdvance for a restarted
+// member: once a peer is reachable, every group that has heard no leader
+// yet moves close to its election timeout (raftgroup's AdvanceElection),
+// so a cluster restarted as a whole elects its leaders about a second
+// sooner. A restarted node whose peers have leaders is refused by their
+// pre-vote check and hears its leaders as before.
+func (s *Server) advanceElections() {
+	defer s.wg.Done()
+	peers := map[uint64]bool{}
+	for _, id := range s.groupIDs() {
+		if st, ok := s.groupStatus(id); ok {
+			for _, v := range st.Voters {
+				if v != s.id.MemberID {
+					peers[v] = true
+				}
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopc:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	reached := make(chan uint64, len(peers))
+	for id := range peers {
+		conn, err := s.peers.Conn(id)
+		if err != nil {
+			continue
+		}
+		go func() {
+			conn.Connect()
+			for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+				if !conn.WaitForStateChange(ctx, st) {
+					return
+				}
+			}
+			reached <- id
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case id := <-reached:
+		n := 0
+		for _, g := range s.groupIDs() {
+			if grp := s.host.Group(g); grp != nil && grp.Status().Lead == 0 {
+				grp.AdvanceElection()
+				n++
+			}
+		}
+		s.log.Info("a peer is reachable: advanced the elections of the groups without a leader", "peer", formatID(id), "groups", n)
+	}
 }
 
 // forwardCloser defers a partition's ForwardClose to the store, which
@@ -535,6 +626,39 @@ func (s *Server) waitLeaders(ctx context.Context) error {
 	}
 }
 
+// boundListener is a listener New bound before opening the store.
+type boundListener struct {
+	url string
+	l   net.Listener
+	tls bool
+}
+
+// listen binds the client and metrics listeners before the store opens,
+// as etcd does: a client that connects while the node replays its log or
+// waits for a leader waits in the connection (served as soon as the node
+// is ready) instead of being refused and backing off for seconds.
+func (s *Server) listen() error {
+	bind := func(urls []string) ([]boundListener, error) {
+		var out []boundListener
+		for _, u := range urls {
+			addr, useTLS, _ := clientListenAddr(u)
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				return out, fmt.Errorf("server: listen on %s: %w", u, err)
+			}
+			s.listeners = append(s.listeners, l)
+			out = append(out, boundListener{url: u, l: l, tls: useTLS})
+		}
+		return out, nil
+	}
+	var err error
+	if s.clientLs, err = bind(s.cfg.ListenClientURLs); err != nil {
+		return err
+	}
+	s.metricsLs, err = bind(s.cfg.ListenMetricsURLs)
+	return err
+}
+
 func (s *Server) serve() error {
 	s.etcd = etcdcompat.New(etcdcompat.Config{
 		Registerer:             s.registry,
@@ -548,6 +672,7 @@ func (s *Server) serve() error {
 		MemberRemove:           s.memberRemove,
 		Term:                   s.metaTerm,
 		HasLeader:              s.hasLeader,
+		ElectionTimeout:        s.cfg.ElectionTimeout,
 		MaxRequestBytes:        s.cfg.MaxRequestBytes,
 		MaxTxnOps:              s.cfg.MaxTxnOps,
 		MaxInflightWrites:      max(s.cfg.MaxInflightWrites, 0),
@@ -576,51 +701,90 @@ func (s *Server) serve() error {
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	}
 	var tlsConfig *tls.Config
-	for _, u := range s.cfg.ListenClientURLs {
-		addr, useTLS, _ := clientListenAddr(u)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("server: listen on %s: %w", u, err)
+	wrapTLS := func(b boundListener) (net.Listener, error) {
+		if !b.tls {
+			return b.l, nil
 		}
-		s.listeners = append(s.listeners, l)
-		scheme := "http://"
-		if useTLS {
-			if tlsConfig == nil {
-				if tlsConfig, err = s.cfg.clientTLSConfig(); err != nil {
-					return err
-				}
+		if tlsConfig == nil {
+			var err error
+			if tlsConfig, err = s.cfg.clientTLSConfig(); err != nil {
+				return nil, err
 			}
-			l, scheme = tls.NewListener(l, tlsConfig), "https://"
+		}
+		return tls.NewListener(b.l, tlsConfig), nil
+	}
+	var grpcLs []net.Listener
+	for _, b := range s.clientLs {
+		l, err := wrapTLS(b)
+		if err != nil {
+			return err
+		}
+		scheme := "http://"
+		if b.tls {
+			scheme = "https://"
 		}
 		s.clientURL = append(s.clientURL, scheme+l.Addr().String())
 		m := cmux.New(l)
-		grpcL := m.Match(cmux.HTTP2())
+		grpcLs = append(grpcLs, m.Match(cmux.HTTP2()))
 		httpL := m.Match(cmux.Any())
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.goServe(func() error { return s.grpc.Serve(grpcL) })
 		s.goServe(func() error { return hs.Serve(httpL) })
 		s.goServe(func() error { return m.Serve() })
 	}
-	for _, u := range s.cfg.ListenMetricsURLs {
-		addr, useTLS, _ := clientListenAddr(u)
-		l, err := net.Listen("tcp", addr)
+	for _, b := range s.metricsLs {
+		l, err := wrapTLS(b)
 		if err != nil {
-			return fmt.Errorf("server: listen on %s: %w", u, err)
-		}
-		s.listeners = append(s.listeners, l)
-		if useTLS {
-			if tlsConfig == nil {
-				if tlsConfig, err = s.cfg.clientTLSConfig(); err != nil {
-					return err
-				}
-			}
-			l = tls.NewListener(l, tlsConfig)
+			return err
 		}
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		s.goServe(func() error { return hs.Serve(l) })
 	}
+	s.wg.Add(1)
+	go s.serveWhenReady(grpcLs)
 	return nil
 }
+
+// serveWhenReady serves the etcd API on the client listeners once the
+// node is ready: it knows a leader of the meta group and the TSO answers.
+// etcd serves clients only once its member is ready (it has a leader and
+// has applied its own membership); a node that took client streams
+// before it knew a leader refused every watch opened with etcd's
+// require-leader metadata, and etcd's client ends such a watch for good
+// (kube-apiserver then re-lists). Until then, connections wait (HTTP/2
+// clients in their handshake) and /health answers "NOT READY".
+func (s *Server) serveWhenReady(grpcLs []net.Listener) {
+	defer s.wg.Done()
+	start := time.Now()
+	for !s.readyToServe() {
+		select {
+		case <-s.stopc:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	for _, l := range grpcLs {
+		s.goServe(func() error { return s.grpc.Serve(l) })
+	}
+	s.ready.Store(true)
+	s.log.Info("serving client requests", "client-urls", s.clientURL, "waited", time.Since(start).Round(time.Millisecond).String(),
+		"since-start", time.Since(s.began).Round(time.Millisecond).String())
+}
+
+// readyToServe reports whether the node knows a meta leader and can get a
+// fresh revision from the TSO.
+func (s *Server) readyToServe() bool {
+	if !s.hasLeader() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ElectionTimeout)
+	defer cancel()
+	_, err := s.store.FreshRevision(ctx)
+	return err == nil
+}
+
+// Ready reports whether the node serves client requests (see
+// serveWhenReady).
+func (s *Server) Ready() bool { return s.ready.Load() }
 
 func (s *Server) goServe(f func() error) {
 	s.wg.Add(1)
@@ -642,6 +806,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case !s.hasLeader():
 		reason = "RAFT NO LEADER"
+	case !s.ready.Load():
+		reason = "NOT READY" // client requests are not served yet
 	case len(s.meta.Alarms()) > 0:
 		reason = "ALARM " + s.meta.Alarms()[0].Alarm.String()
 	default:
@@ -806,6 +972,15 @@ func (s *Server) Store() *kvapi.Store { return s.store }
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		close(s.stopc)
+		if s.host != nil {
+			s.host.BeginStop()
+		}
+		if s.etcd != nil {
+			// Watches and lease keep-alives end with "server stopped"
+			// (their clients resume elsewhere): graceful stop waits only
+			// for the requests under way.
+			s.etcd.Close()
+		}
 		if s.grpc != nil {
 			done := make(chan struct{})
 			go func() { s.grpc.GracefulStop(); close(done) }()
@@ -834,16 +1009,25 @@ func (s *Server) Stop() {
 		if s.peerGRPC != nil {
 			s.peerGRPC.Stop()
 		}
-		for _, l := range s.listeners {
-			_ = l.Close()
-		}
+		s.closeListeners()
 		s.wg.Wait()
-		s.closeStorage()
+		s.closeStorage(true)
 		s.log.Info("brain node stopped")
 	})
 }
 
-func (s *Server) closeStorage() {
+func (s *Server) closeListeners() {
+	for _, l := range s.listeners {
+		_ = l.Close()
+	}
+}
+
+// closeStorage stops the replicas and the raft host and closes the store;
+// with flush (a clean stop) it first writes the memtables out, so that the
+// next start has no write-ahead log to replay (after a crash, replaying up
+// to a memtable's worth, 64 MiB, and flushing it takes a restarted node
+// about a second before it can serve).
+func (s *Server) closeStorage(flush bool) {
 	if s.quota != nil {
 		s.quota.stop()
 	}
@@ -865,10 +1049,30 @@ func (s *Server) closeStorage() {
 		s.membership.Stop()
 	}
 	if s.db != nil {
+		if flush {
+			s.flushMemtables(5 * time.Second)
+		}
 		if err := s.db.Close(); err != nil {
 			s.log.Warn("closing storage", "err", err)
 		}
 		s.db = nil
+	}
+}
+
+// flushMemtables writes the memtables out, waiting at most d (a full or
+// failing disk must not keep the node from stopping).
+func (s *Server) flushMemtables(d time.Duration) {
+	t0 := time.Now()
+	done, err := s.db.AsyncFlush()
+	if err != nil {
+		s.log.Warn("could not flush the memtables before closing; the next start replays the write-ahead log", "err", err)
+		return
+	}
+	select {
+	case <-done:
+		s.log.Debug("memtables flushed before closing", "took", time.Since(t0).Round(time.Millisecond).String())
+	case <-time.After(d):
+		s.log.Warn("the memtables did not flush in time before closing; the next start replays the write-ahead log", "waited", d.String())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestRawWatchStreamMatchesEtcd drives one raw Watch stream on brain and on
@@ -110,4 +111,71 @@ func fmtWatchResp(r *pb.WatchResponse) string {
 		}
 	}
 	return b.String()
+}
+
+// TestStoppingNodeBookmarksWatches checks what a watch hears when its node
+// stops cleanly: a progress notification at the revision it was sent
+// everything up to, then the end of the stream with etcd's "server
+// stopped" (Unavailable: etcd's client resumes elsewhere). The client
+// resumes a watch from the revision after the last response's: without
+// the notification, a watch of a quiet range resumed from its last event,
+// long compacted, and kube-apiserver re-listed the resource.
+func TestStoppingNodeBookmarksWatches(t *testing.T) {
+	b := testutil.StartBrain(t, server.Config{})
+	c := testutil.Client(t, testutil.Endpoint(b))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Put(ctx, "/quiet/a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	// Two watches on one stream: a quiet range that asked for progress
+	// notifications (as kube-apiserver's do), and one that did not.
+	quiet := c.Watch(ctx, "/quiet/", clientv3.WithPrefix(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
+	plain := c.Watch(ctx, "/quiet/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	for _, ch := range []clientv3.WatchChan{quiet, plain} {
+		if wr := <-ch; !wr.Created {
+			t.Fatalf("watch not created: %v", wr.Err())
+		}
+	}
+	var first int64
+	for i := 0; i < 20; i++ {
+		r, err := c.Put(ctx, fmt.Sprintf("/busy/%d", i), "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = r.Header.Revision
+		}
+	}
+	b.Stop()
+	got := false
+	for wr := range quiet {
+		if wr.Err() != nil {
+			break
+		}
+		if wr.IsProgressNotify() {
+			// At the node's frontier: past the writes elsewhere (the
+			// last ones may still be closing), far past the watch's
+			// own last event.
+			if wr.Header.Revision < first {
+				t.Fatalf("the stopping node's progress notification is at %d, below the writes after the watch's last event (%d)", wr.Header.Revision, first)
+			}
+			got = true
+			break
+		}
+		if len(wr.Events) > 0 {
+			t.Fatalf("the quiet watch got events: %v", wr.Events)
+		}
+	}
+	if !got {
+		t.Fatal("the stopping node sent the watch no progress notification")
+	}
+	// The watch without progress notifications gets none (as from etcd).
+	select {
+	case wr := <-plain:
+		if wr.IsProgressNotify() {
+			t.Fatalf("a watch that did not ask got a progress notification at %d", wr.Header.Revision)
+		}
+	case <-time.After(100 * time.Millisecond):
+	}
 }

@@ -253,7 +253,7 @@ func start(t testing.TB, opts Options, count int) (*Node, error) {
 	return n, nil
 }
 
-// waitReady waits for the "brain node ready" log line and for the client
+// waitReady waits for the "serving client requests" log line and for the client
 // port to accept connections; a cluster member also waits until /health
 // reports it serves (its groups have leaders).
 func (p *proc) waitReady(timeout time.Duration, health bool) error {
@@ -265,7 +265,7 @@ func (p *proc) waitReady(timeout time.Duration, health bool) error {
 			return fmt.Errorf("brainnode exited during startup: %v", p.waitErr)
 		default:
 		}
-		if strings.Contains(p.log(), "brain node ready") {
+		if strings.Contains(p.log(), "serving client requests") {
 			if health {
 				if resp, err := http.Get(p.endpoint + "/health"); err == nil {
 					resp.Body.Close()
