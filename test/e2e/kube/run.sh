@@ -7,7 +7,8 @@
 # Environment: KEEP=1 keeps the work directory (logs, data) after a pass;
 # E2E_BIN (default test/e2e/kube/.bin) caches the binaries; E2E_WORK (default
 # test/e2e/kube/.work) holds data and logs; EVENT_TTL (default 20s),
-# COMPACTION_INTERVAL (default 10s); TLS=1 runs brain with client and peer
+# COMPACTION_INTERVAL (default 10s); BRAIN_NODES (default 3, at most 6) is
+# the cluster size; TLS=1 runs brain with client and peer
 # TLS and --client-cert-auth/--peer-client-cert-auth (certificates from
 # openssl), kube-apiserver connecting with
 # --etcd-cafile/--etcd-certfile/--etcd-keyfile.
@@ -37,15 +38,20 @@ build_brain() {
 
 
 # ---------------------------------------------------------------- processes
-NODES=(n1 n2 n3)
-declare -A CPORT=([n1]=21379 [n2]=22379 [n3]=23379) PPORT=([n1]=21380 [n2]=22380 [n3]=23380)
+# BRAIN_NODES (default 3, at most 6) brain nodes: n1 on 21379 (peer 21380,
+# gossip 21381), n2 on 22379 and so on.
+NODES=() ALLPORTS=()
+declare -A CPORT=() PPORT=()
+for ((i = 1; i <= ${BRAIN_NODES:-3}; i++)); do
+  NODES+=("n$i"); CPORT[n$i]=2${i}379; PPORT[n$i]=2${i}380; ALLPORTS+=(2${i}379 2${i}380 2${i}381)
+done
 declare -A PID=()
 APIPORT=26443
 SCHEME=http
 [ "${TLS:-}" = 1 ] && SCHEME=https
-ENDPOINTS=$SCHEME://127.0.0.1:21379,$SCHEME://127.0.0.1:22379,$SCHEME://127.0.0.1:23379
+ENDPOINTS=$(for n in "${NODES[@]}"; do printf '%s://127.0.0.1:%s,' "$SCHEME" "${CPORT[$n]}"; done); ENDPOINTS=${ENDPOINTS%,}
 TLSNODE=() ECTLS= CURLTLS=()
-INITIAL=n1=$SCHEME://127.0.0.1:21380,n2=$SCHEME://127.0.0.1:22380,n3=$SCHEME://127.0.0.1:23380
+INITIAL=$(for n in "${NODES[@]}"; do printf '%s=%s://127.0.0.1:%s,' "$n" "$SCHEME" "${PPORT[$n]}"; done); INITIAL=${INITIAL%,}
 APIPID=
 APIFLAGS=()
 
@@ -147,7 +153,7 @@ setup() {
   work=$workroot/$KVER
   rm -rf "$work"; mkdir -p "$work/certs"
   local p n
-  for p in 21379 21380 21381 22379 22380 22381 23379 23380 23381 $APIPORT; do
+  for p in "${ALLPORTS[@]}" $APIPORT; do
     port_free "$p" || die "port $p is in use"
   done
   [ "$SCHEME" = https ] && make_pki
@@ -376,6 +382,8 @@ watch stderr: $(head -5 "$work/watch.err")"
     log "note: some consistent reads fell back to etcd (see above)"
   fi
 
+  rolling_restart
+
   log "== namespace deletion (no namespace controller runs: finalize by hand)"
   check "delete namespace $ns" k delete namespace $ns --wait=false
   check_eq "namespace terminating" "Terminating" k get ns $ns -o jsonpath='{.status.phase}'
@@ -390,10 +398,75 @@ watch stderr: $(head -5 "$work/watch.err")"
   log "== kube-apiserver log checks"
   out=$(grep -E 'too_many_pings' "$work/kube-apiserver.log" | head -3)
   if [ -z "$out" ]; then pass "no GOAWAY too_many_pings from brain"; else fail "brain closed kube-apiserver's gRPC connection with GOAWAY ENHANCE_YOUR_CALM too_many_pings ($(grep -c too_many_pings "$work/kube-apiserver.log") times): $out"; fi
-  out=$(grep -E 'Too large resource version' "$work/kube-apiserver.log" | head -5)
-  if [ -z "$out" ]; then pass "watch cache never waited in vain for a fresh resourceVersion"; else fail "watch cache fell behind brain ($(grep -c 'Too large resource version' "$work/kube-apiserver.log") 'Too large resource version' timeouts): $out"; fi
+  # Up to the pauses: while a node is paused (SIGSTOP), the watch cache
+  # whose stream it serves stalls until it resumes, with etcd too.
+  out=$(head -n "${PAUSE_LINE:-999999999}" "$work/kube-apiserver.log" | grep -E 'Too large resource version' | head -5)
+  if [ -z "$out" ]; then pass "watch cache never waited in vain for a fresh resourceVersion (before the pauses)"; else fail "watch cache fell behind brain ($(grep -c 'Too large resource version' "$work/kube-apiserver.log") 'Too large resource version' timeouts): $out"; fi
+  out=$(tail -n +$((${PAUSE_LINE:-999999999} + 1)) "$work/kube-apiserver.log" | grep -c 'Too large resource version')
+  [ "$out" != 0 ] && log "note: $out 'Too large resource version' waits from the pauses on (a paused node stalls the watch streams it serves)"
   out=$(grep -E 'etcd|rpc error' "$work/kube-apiserver.log" | grep -E '^E' | head -20)
   if [ -n "$out" ]; then log "kube-apiserver logged storage errors (first 20):"; echo "$out" | sed 's/^/    /'; fi
+}
+
+# rolling_restart: every brain node in turn is stopped (SIGTERM), started
+# again and waited for, then every node in turn is paused (SIGSTOP) for 3-6
+# s, while kubectl creates and reads ConfigMaps in a loop. An operator's
+# rolling upgrade, and VMs paused: kubectl must keep succeeding, and
+# kube-apiserver must neither see "no leader" on a watch nor re-list (its
+# watch caches are not initialized again: apiserver_watch_cache_initializations_total).
+rolling_restart() {
+  log "== rolling restart: each brain node stopped, started and healthy in turn, then each paused, under kubectl load"
+  local rns=e2e-roll n i before after apiline out ops failures started
+  check "create namespace $rns" k create namespace $rns
+  before=$(metric '^apiserver_watch_cache_initializations_total' | awk '{s+=$2} END {print s+0}')
+  apiline=$(wc -l <"$work/kube-apiserver.log")
+  rm -f "$work/roll.stop"
+  (
+    i=0
+    while [ ! -f "$work/roll.stop" ] && [ $i -lt 2000 ]; do
+      i=$((i + 1))
+      if out=$(k -n $rns create configmap r$i --from-literal=i=$i 2>&1) && out=$(k -n $rns get cm r$i -o name 2>&1); then
+        echo "ok r$i"
+      else
+        echo "FAIL r$i at $(ts): $out"
+      fi
+    done
+  ) >"$work/roll.txt" 2>&1 &
+  local loadpid=$!
+  sleep 2
+  for n in "${NODES[@]}"; do
+    started=$SECONDS
+    stop_pid "${PID[$n]}" "brain $n"; wait "${PID[$n]}" 2>/dev/null
+    log "stopped brain $n in $((SECONDS - started))s"
+    start_node "$n"
+    started=$SECONDS
+    if wait_health "$n" 30; then pass "rolling restart: $n healthy again within $((SECONDS - started))s"; else fail "rolling restart: $n not healthy 30s after its start"; fi
+    sleep 3 # the node takes its leaderships back; the load runs on
+  done
+  # A VM paused for a live migration: each node stopped (SIGSTOP) for 3-6 s
+  # in turn. Requests kube-apiserver had sent it wait, and complete when
+  # it resumes.
+  PAUSE_LINE=$(wc -l <"$work/kube-apiserver.log")
+  i=0
+  for n in "${NODES[@]}"; do
+    i=$((i + 1))
+    log "pausing brain $n for $((3 + i % 4))s"
+    kill -STOP "${PID[$n]}"; sleep $((3 + i % 4)); kill -CONT "${PID[$n]}"
+    sleep 3
+  done
+  touch "$work/roll.stop"; wait "$loadpid"
+  ops=$(grep -c '^ok ' "$work/roll.txt"); failures=$(grep -c '^FAIL ' "$work/roll.txt")
+  if [ "$failures" = 0 ] && [ "$ops" -gt 10 ]; then pass "kubectl kept succeeding through the rolling restart ($ops create+get rounds)"; else fail "kubectl failed $failures of $((ops + failures)) rounds during the rolling restart: $(grep -m3 '^FAIL ' "$work/roll.txt" | tr '\n' ';')"; fi
+  after=$(metric '^apiserver_watch_cache_initializations_total' | awk '{s+=$2} END {print s+0}')
+  if [ "$before" = "$after" ]; then pass "no watch cache re-listed during the rolling restart (apiserver_watch_cache_initializations_total $after)"; else fail "kube-apiserver's watch caches were initialized again (re-listed) during the rolling restart: apiserver_watch_cache_initializations_total $before -> $after"; fi
+  out=$(tail -n +$((apiline + 1)) "$work/kube-apiserver.log" | grep -E 'no leader|watch ended with error|watch of .* ended with:|watch chan error' | head -5)
+  if [ -z "$out" ]; then pass "kube-apiserver logged no 'no leader' and no watch that ended with an error during the rolling restart"; else fail "kube-apiserver during the rolling restart: $out"; fi
+  local nl=0 v
+  for n in "${NODES[@]}"; do
+    v=$(curl "${CURLTLS[@]}" -s -m 5 "$SCHEME://127.0.0.1:${CPORT[$n]}/metrics" | awk '/^brain_no_leader_total/ {s+=$2} END {print s+0}')
+    nl=$((nl + ${v%.*}))
+  done
+  if [ "$nl" = 0 ]; then pass "no brain node refused or cancelled a request or stream for want of a leader (brain_no_leader_total)"; else fail "brain answered 'no leader' $nl times during the rolling restart (brain_no_leader_total)"; fi
 }
 
 # ---------------------------------------------------------------- main
@@ -401,7 +474,7 @@ build_brain
 rc=0
 for v in "${versions[@]}"; do
   build_kube "$v"
-  log "===== kube-apiserver $KVER against 3 brain nodes"
+  log "===== kube-apiserver $KVER against ${#NODES[@]} brain nodes"
   setup
   scenario
   teardown
