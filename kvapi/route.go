@@ -3,7 +3,6 @@ package kvapi
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -107,11 +106,16 @@ func (s *Store) call(ctx context.Context, group uint64, op Op, idempotent bool, 
 	lastWhy := "no leader known"
 	start := time.Now()
 	giveUp := func() error {
-		level := slog.LevelWarn
-		if parent.Err() != nil {
-			level = slog.LevelDebug // the caller stopped waiting, not this call
+		if err := parent.Err(); err != nil {
+			// The caller stopped waiting (its deadline passed, perhaps
+			// while this node was paused): answer that, etcd's "request
+			// timed out", not "no leader", which says the cluster has
+			// none.
+			s.log.Debug("a call's caller stopped waiting", "group", group, "op", op,
+				"waited", time.Since(start).Round(time.Millisecond), "last_node", strconv.FormatUint(lastNode, 16), "last_answer", lastWhy)
+			return err
 		}
-		s.log.Log(context.Background(), level, "no leader reachable for a call; giving up", "group", group, "op", op,
+		s.log.Warn("no leader reachable for a call; giving up", "group", group, "op", op,
 			"waited", time.Since(start).Round(time.Millisecond), "last_node", strconv.FormatUint(lastNode, 16), "last_answer", lastWhy)
 		return ErrNoLeader
 	}
