@@ -34,6 +34,7 @@ type watcher struct {
 	fragment bool
 	progress bool
 	start    int64 // the revision the watch was created to start at
+	asked    int64 // the start revision the client asked for (0: from now)
 	next     int64 // next revision to deliver: every event below it was sent
 	sent     bool  // something was sent since the last progress tick
 }
@@ -253,9 +254,10 @@ func (sws *watchStream) handle(c control) error {
 		if uv.ProgressRequest != nil {
 			target := c.rev
 			for _, w := range sws.watchers {
-				if w.start > target {
+				if w.asked > target {
 					// etcd ignores the request while a watch waits for a
-					// future start revision.
+					// future start revision it was asked to start at; a
+					// watch from now (start 0) is answered at once.
 					return nil
 				}
 			}
@@ -307,7 +309,7 @@ func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 	if w.next == 0 {
 		w.next = cur + 1
 	}
-	w.start = w.next
+	w.start, w.asked = w.next, creq.StartRevision
 	w.shape = shape{key: string(creq.Key), end: string(end), single: end == nil, prevKV: creq.PrevKv}
 	for _, f := range creq.Filters {
 		switch f {

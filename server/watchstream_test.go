@@ -55,11 +55,7 @@ func TestRawWatchStreamMatchesEtcd(t *testing.T) {
 	cancel := func(id int64) *pb.WatchRequest {
 		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: id}}}
 	}
-	// Each step: a request and how many responses it produces.
-	steps := []struct {
-		req   *pb.WatchRequest
-		resps int
-	}{
+	steps := []watchStep{
 		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("b"), StartRevision: 4, PrevKv: true, WatchId: 7}), 2},
 		{create(&pb.WatchCreateRequest{Key: []byte("a0"), WatchId: 7}), 1},                             // duplicate ID
 		{create(&pb.WatchCreateRequest{Key: []byte("a"), StartRevision: -1}), 1},                       // negative start
@@ -70,9 +66,23 @@ func TestRawWatchStreamMatchesEtcd(t *testing.T) {
 		{cancel(12345), 0}, // unknown: no answer
 		{create(&pb.WatchCreateRequest{Key: []byte("f"), RangeEnd: []byte("g"), StartRevision: 32, Fragment: true, PrevKv: true}), 1 + 2},
 	}
+	sameWatchStreams(t, sides, steps)
+}
+
+// watchStep is a request on a raw watch stream and how many responses it
+// produces.
+type watchStep struct {
+	req   *pb.WatchRequest
+	resps int
+}
+
+// sameWatchStreams runs steps on one raw Watch stream of each side and
+// requires the same responses.
+func sameWatchStreams(t *testing.T, sides []clients, steps []watchStep) {
+	t.Helper()
 	var outs []string
 	for _, c := range sides {
-		sctx, stop := context.WithTimeout(ctx, 20*time.Second)
+		sctx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 		stream, err := c.watch.Watch(sctx)
 		if err != nil {
 			t.Fatal(err)
@@ -178,4 +188,38 @@ func TestStoppingNodeBookmarksWatches(t *testing.T) {
 		}
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// TestProgressOnFreshWatchMatchesEtcd asks for progress on a stream whose
+// only watch was created from "now", with nothing written since: etcd
+// answers at once (kube-apiserver's consistent reads from its watch cache
+// wait on exactly this), and ignores the request only while a watch waits
+// for a future start revision it was asked for. brain ignored it for the
+// fresh watch too, whose first revision to deliver is one past the
+// current one.
+func TestProgressOnFreshWatchMatchesEtcd(t *testing.T) {
+	b := testutil.StartBrain(t, server.Config{InitialSplitPoints: []string{"m"}})
+	e := testutil.StartEtcd(t)
+	sides := []clients{newClients(t, "brain", testutil.Endpoint(b)), newClients(t, "etcd", e)}
+	ctx := context.Background()
+	for _, c := range sides {
+		for i := 0; i < 3; i++ {
+			if _, err := c.kv.Put(ctx, &pb.PutRequest{Key: []byte(fmt.Sprintf("k%d", i)), Value: []byte("v")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	progress := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}
+	create := func(r *pb.WatchCreateRequest) *pb.WatchRequest {
+		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: r}}
+	}
+	steps := []watchStep{
+		{create(&pb.WatchCreateRequest{Key: []byte("a"), RangeEnd: []byte("z")}), 1}, // from now
+		{progress, 1}, // answered at once
+		{create(&pb.WatchCreateRequest{Key: []byte("q"), StartRevision: 100}), 1},
+		{progress, 0}, // a watch waits for revision 100: ignored
+		{&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: 1}}}, 1},
+		{progress, 1},
+	}
+	sameWatchStreams(t, sides, steps)
 }
