@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -131,6 +133,12 @@ type Config struct {
 	// planned leadership transfers; a split holds it too (both drain the
 	// leader's writes).
 	GroupLock func(group uint64) *sync.Mutex
+	// MaxStaleness bounds how stale a serializable read may be while the
+	// node reaches the TSO: it reads at a revision at least the TSO's as
+	// of that long ago (waiting for a partition that has not closed it, an
+	// idle one, to close it). Default 100 ms; negative: no bound (a
+	// serializable read reads what the node's replicas have closed).
+	MaxStaleness time.Duration
 }
 
 // Store routes requests to the partitions (and the TSO and meta group)
@@ -162,15 +170,22 @@ type Store struct {
 	// backend quota (nil: no quota).
 	quota func(n int) error
 
+	maxStaleness time.Duration
+	// staleReads counts serializable reads served without the staleness
+	// bound (the TSO did not answer in time).
+	staleReads prometheus.Counter
+
 	groups      func(uint64) (raftgroup.Status, bool)
 	alive       func(uint64) bool
 	clusterInfo func() ([]byte, error)
 	groupLock   func(uint64) *sync.Mutex
 
-	// acked is the highest revision a write through this store has been
-	// acknowledged with. Serializable reads never read below it, so a
-	// client reads its own writes on the node it wrote through.
-	acked atomic.Int64
+	// seen is the highest revision this store answered a client with: a
+	// write's acknowledgement, a linearizable read's header. Serializable
+	// reads never read below it, so on one node a serializable read sees
+	// every write acknowledged before it started and its header never
+	// falls below an earlier linearizable read's, as on an etcd member.
+	seen atomic.Int64
 
 	// remoteFeedEvents counts the events this node's feeds received from
 	// other nodes' replicas (RemoteFeedEvents).
@@ -180,10 +195,10 @@ type Store struct {
 	wg    sync.WaitGroup
 }
 
-func (s *Store) noteAcked(rev int64) {
+func (s *Store) noteSeen(rev int64) {
 	for {
-		cur := s.acked.Load()
-		if rev <= cur || s.acked.CompareAndSwap(cur, rev) {
+		cur := s.seen.Load()
+		if rev <= cur || s.seen.CompareAndSwap(cur, rev) {
 			return
 		}
 	}
@@ -197,7 +212,14 @@ func NewStore(cfg Config) (*Store, error) {
 	s := &Store{self: cfg.Self, tso: cfg.TSO, oracle: cfg.Oracle, meta: cfg.Meta, rpc: cfg.RPC,
 		leaderHint: cfg.LeaderHint, peers: cfg.Peers, log: cfg.Logger.With("component", "kvapi"), quota: cfg.Quota,
 		groups: cfg.Groups, alive: cfg.Alive, clusterInfo: cfg.ClusterInfo, groupLock: cfg.GroupLock,
-		stopc: make(chan struct{})}
+		maxStaleness: cfg.MaxStaleness, stopc: make(chan struct{})}
+	if s.maxStaleness == 0 {
+		s.maxStaleness = DefaultMaxStaleness
+	}
+	s.staleReads = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "brain_serializable_reads_unbounded_total",
+		Help: "Serializable reads served at what this node's replicas had closed, without the --max-serializable-staleness bound, because the TSO did not answer in time (it was being elected, or out of reach).",
+	})
 	s.slots.m = make(map[uint64]*slot)
 	s.feeders.m = make(map[uint64]bool)
 	if err := s.SetRoutes(cfg.Routes); err != nil {
@@ -463,15 +485,20 @@ func (s *Store) readRevision(ctx context.Context, routes []*route, rev int64, se
 	readRev = rev
 	if readRev <= 0 {
 		if serializable {
-			// A serializable read does not ask the TSO: it reads what this
-			// node has closed, and at least what it has acknowledged.
+			// A serializable read reads what this node has closed, and at
+			// least what it has answered with and what the TSO had issued
+			// MaxStaleness ago (staleFloor).
 			readRev = cur
 			for _, r := range routes {
 				if l := r.local(); l != nil {
 					readRev = min(readRev, l.Closed())
 				}
 			}
-			readRev = max(readRev, min(s.acked.Load(), cur))
+			floor := s.seen.Load()
+			if f, ok := s.staleFloor(ctx); ok {
+				floor = max(floor, f)
+			}
+			readRev = max(readRev, min(floor, s.tso.Known()))
 			header = readRev
 		} else {
 			readRev = cur
@@ -481,6 +508,41 @@ func (s *Store) readRevision(ctx context.Context, routes []*route, rev int64, se
 		return 0, 0, partition.ErrCompacted
 	}
 	return readRev, header, nil
+}
+
+// Collectors returns the store's metrics.
+func (s *Store) Collectors() []prometheus.Collector { return []prometheus.Collector{s.staleReads} }
+
+// DefaultMaxStaleness is Config.MaxStaleness's default.
+const DefaultMaxStaleness = 100 * time.Millisecond
+
+// staleFloorWait bounds how long a serializable read waits for the TSO's
+// revision when it knows none recent enough: past it (the TSO is being
+// elected, or out of reach) it reads what is closed, as an etcd member
+// cut off from its leader serves stale serializable reads.
+const staleFloorWait = 250 * time.Millisecond
+
+// staleFloor returns a revision the TSO had issued at most MaxStaleness
+// ago (every write acknowledged before then is at or below it): one a
+// write or read of this node learned within that time, or else one it
+// asks the TSO for now (concurrent readers share the request). A
+// serializable read at or above it is at most MaxStaleness stale. Without
+// a bound, or without an answer in time, ok is false.
+func (s *Store) staleFloor(ctx context.Context) (rev int64, ok bool) {
+	if s.maxStaleness < 0 {
+		return 0, false
+	}
+	if rev, ok := s.tso.ConfirmedSince(time.Now().Add(-s.maxStaleness)); ok {
+		return rev, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, staleFloorWait)
+	defer cancel()
+	rev, err := s.tso.Fresh(ctx)
+	if err != nil {
+		s.staleReads.Inc()
+		return 0, false
+	}
+	return rev, true
 }
 
 // Range implements etcd's Range across partitions.
@@ -531,6 +593,9 @@ func (s *Store) rangeIn(ctx context.Context, t *table, r *pb.RangeRequest) (*pb.
 	// A compaction may have removed versions while we read.
 	if readRev < s.compactRevision(routes) {
 		return nil, partition.ErrCompacted
+	}
+	if !r.Serializable {
+		s.noteSeen(header)
 	}
 	return partition.ExecuteRange(r, kvs, count, header), nil
 }
@@ -598,7 +663,7 @@ func (s *Store) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, err
 	if err != nil {
 		return nil, err
 	}
-	s.noteAcked(resp.Header.Revision)
+	s.noteSeen(resp.Header.Revision)
 	return resp, nil
 }
 
@@ -611,7 +676,7 @@ func (s *Store) deleteOn(ctx context.Context, rt *route, r *pb.DeleteRangeReques
 	if err != nil {
 		return nil, err
 	}
-	s.noteAcked(resp.Header.Revision)
+	s.noteSeen(resp.Header.Revision)
 	return resp, nil
 }
 
@@ -717,28 +782,12 @@ func (s *Store) Txn(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnResponse, er
 }
 
 func (s *Store) txnIn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	if partition.IsTxnReadonly(rt) {
+		return s.readTxn(ctx, t, rt)
+	}
 	rte, err := s.txnRoute(t, rt)
 	if err != nil {
 		return nil, err
-	}
-	if partition.IsTxnReadonly(rt) {
-		rev, _, err := s.readRevision(ctx, []*route{rte}, 0, partition.IsTxnSerializable(rt))
-		if err != nil {
-			return nil, err
-		}
-		if l := rte.local(); l != nil {
-			resp, err := l.ReadTxn(ctx, rt, rev)
-			if !errors.Is(err, partition.ErrReplicaClosed) {
-				return resp, err
-			}
-			// The replica was removed while the read waited: read elsewhere.
-		}
-		var resp pb.TxnResponse
-		err = s.call(ctx, rte.ID, OpReadTxn, true, nil, func() ([]byte, error) {
-			b, err := rt.Marshal()
-			return append(binary.AppendVarint(nil, rev), b...), err
-		}, resp.Unmarshal)
-		return &resp, err
 	}
 	if err := s.checkWrite(rt.Size()); err != nil {
 		return nil, err
@@ -751,7 +800,148 @@ func (s *Store) txnIn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.Txn
 	if err != nil {
 		return nil, err
 	}
-	s.noteAcked(resp.Header.Revision)
+	s.noteSeen(resp.Header.Revision)
+	return resp, nil
+}
+
+// txnRoutes returns the routes rt touches, in key order (the first route
+// when it touches none).
+func (s *Store) txnRoutes(t *table, rt *pb.TxnRequest) []*route {
+	seen := map[*route]bool{}
+	var out []*route
+	for _, sp := range txnSpans(rt, nil) {
+		if sp[1] != nil && len(sp[1]) != 0 && bytes.Compare(sp[0], sp[1]) >= 0 {
+			continue // an empty range touches nothing
+		}
+		for _, r := range t.overlapping(sp[0], sp[1]) {
+			if !seen[r] {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return t.routes[:1]
+	}
+	slices.SortFunc(out, func(a, b *route) int { return bytes.Compare(a.Start, b.Start) })
+	return out
+}
+
+// readTxn serves a read-only txn (compares and ranges only) at one
+// revision: the current one (linearizable), what this node has closed
+// (serializable), or the highest a range asks for. Global revisions make
+// a read at one revision a consistent snapshot of every partition, so the
+// txn may touch any keys: within one partition its replica evaluates it;
+// across partitions each compare and range is a read at that revision
+// (readTxnAcross).
+func (s *Store) readTxn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.TxnResponse, error) {
+	routes := s.txnRoutes(t, rt)
+	serializable := partition.IsTxnSerializable(rt)
+	rev, _, err := s.readRevision(ctx, routes, 0, serializable)
+	if err != nil {
+		return nil, err
+	}
+	if want := partition.TxnRangeRevision(rt); want > rev {
+		// A range asks for a revision above the one this read would run
+		// at (a serializable read runs at what this node has closed,
+		// which can trail a revision another partition answered with):
+		// run at it, waiting for it to close, if the TSO has issued it.
+		// A revision it has not issued is a future revision, an error
+		// only if the range is on the branch the compares choose (as in
+		// etcd).
+		issued := want <= s.tso.Known()
+		if !issued {
+			cur, err := s.tso.Fresh(ctx)
+			if err != nil {
+				return nil, err
+			}
+			issued = want <= cur
+		}
+		if issued {
+			rev = want
+		}
+	}
+	var resp *pb.TxnResponse
+	if len(routes) == 1 {
+		resp, err = s.readTxnAt(ctx, routes[0], rt, rev)
+	} else {
+		resp, err = s.readTxnAcross(ctx, t, rt, rev)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !serializable {
+		s.noteSeen(resp.Header.Revision)
+	}
+	return resp, nil
+}
+
+// readTxnAt evaluates a read-only txn within one partition at rev, on its
+// local replica or its leader's node.
+func (s *Store) readTxnAt(ctx context.Context, rte *route, rt *pb.TxnRequest, rev int64) (*pb.TxnResponse, error) {
+	if l := rte.local(); l != nil {
+		resp, err := l.ReadTxn(ctx, rt, rev)
+		if !errors.Is(err, partition.ErrReplicaClosed) {
+			return resp, err
+		}
+		// The replica was removed while the read waited: read elsewhere.
+	}
+	var resp pb.TxnResponse
+	err := s.call(ctx, rte.ID, OpReadTxn, true, nil, func() ([]byte, error) {
+		b, err := rt.Marshal()
+		return append(binary.AppendVarint(nil, rev), b...), err
+	}, resp.Unmarshal)
+	return &resp, err
+}
+
+// readTxnAcross evaluates a read-only txn over several partitions at rev,
+// as etcd's txn does over its one store: each compare reads its key (or
+// range) at rev and holds for every key read (a compare of a range with no
+// key compares the zero key-value, and a value compare fails); then the
+// chosen branch's ranges read at their own revision, or at rev. Every
+// read is a range at an explicit revision, which waits until the
+// partitions it reads have closed it.
+func (s *Store) readTxnAcross(ctx context.Context, t *table, rt *pb.TxnRequest, rev int64) (*pb.TxnResponse, error) {
+	succeeded := true
+	for _, c := range rt.Compare {
+		rr, err := s.rangeIn(ctx, t, &pb.RangeRequest{Key: c.Key, RangeEnd: c.RangeEnd, Revision: rev, Serializable: true,
+			KeysOnly: c.Target != pb.Compare_VALUE})
+		if err != nil {
+			return nil, err
+		}
+		ok := len(rr.Kvs) > 0 || c.Target != pb.Compare_VALUE
+		if len(rr.Kvs) == 0 && ok {
+			ok = partition.CompareKV(c, &mvccpb.KeyValue{})
+		}
+		for _, kv := range rr.Kvs {
+			ok = ok && partition.CompareKV(c, kv)
+		}
+		if !ok {
+			succeeded = false
+			break
+		}
+	}
+	ops := rt.Success
+	if !succeeded {
+		ops = rt.Failure
+	}
+	resp := &pb.TxnResponse{Header: &pb.ResponseHeader{Revision: rev}, Succeeded: succeeded, Responses: make([]*pb.ResponseOp, len(ops))}
+	for i, op := range ops {
+		r := *op.GetRequestRange()
+		switch {
+		case r.Revision == 0:
+			r.Revision = rev
+		case r.Revision > rev:
+			return nil, partition.ErrFutureRev // not issued (readTxn)
+		}
+		r.Serializable = true // at an explicit revision: no TSO round trip
+		rr, err := s.rangeIn(ctx, t, &r)
+		if err != nil {
+			return nil, err
+		}
+		rr.Header = &pb.ResponseHeader{Revision: rev}
+		resp.Responses[i] = &pb.ResponseOp{Response: &pb.ResponseOp_ResponseRange{ResponseRange: rr}}
+	}
 	return resp, nil
 }
 
@@ -861,7 +1051,7 @@ func (s *Store) finishRevoke(ctx context.Context, id int64) error {
 			if err != nil {
 				return err
 			}
-			s.noteAcked(rev)
+			s.noteSeen(rev)
 		}
 		return nil
 	})

@@ -709,4 +709,18 @@ func IsTxnSerializable(rt *pb.TxnRequest) bool {
 	return true
 }
 
+// TxnRangeRevision returns the highest revision a range of rt asks to read
+// at (0: every range reads at the txn's revision).
+func TxnRangeRevision(rt *pb.TxnRequest) int64 {
+	var rev int64
+	for _, ops := range [][]*pb.RequestOp{rt.Success, rt.Failure} {
+		for _, u := range ops {
+			if r := u.GetRequestRange(); r != nil {
+				rev = max(rev, r.Revision)
+			}
+		}
+	}
+	return rev
+}
+
 var latestRev int64 = math.MaxInt64

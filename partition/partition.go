@@ -911,8 +911,8 @@ func (p *Partition) checkSpans(spans []latchSpan) error {
 // checkSpan reports whether a latch span over user keys lies inside the
 // partition.
 func (p *Partition) checkSpan(s latchSpan) error {
-	if s.start[0] != 'k' {
-		return nil
+	if s.start[0] != 'k' || bytes.Compare(s.start, s.end) >= 0 {
+		return nil // not user keys, or an empty range (reads nothing)
 	}
 	sp := p.sp.Load()
 	if !sp.contains(s.start[1:]) {

@@ -60,6 +60,10 @@ type Config struct {
 	// (--election-timeout), as in etcd; defaults 100ms and 1s.
 	HeartbeatInterval time.Duration
 	ElectionTimeout   time.Duration
+	// MaxSerializableStaleness (--max-serializable-staleness) bounds how
+	// stale a serializable read may be while the node reaches the TSO
+	// (kvapi.Config.MaxStaleness); default 100ms, negative: no bound.
+	MaxSerializableStaleness time.Duration
 	// WatchProgressNotifyInterval (--watch-progress-notify-interval);
 	// default 10m.
 	WatchProgressNotifyInterval time.Duration

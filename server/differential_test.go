@@ -82,9 +82,10 @@ func newClients(t *testing.T, name, endpoint string) clients {
 // TestDifferentialAgainstEtcd runs the same random single-client sequence
 // of requests against brain and a real etcd 3.6 and requires identical
 // responses: values, revisions, versions, counts, More, and errors (code and
-// message). The generator keeps txns and deletes within one partition and
-// a lease's keys within one partition, where brain promises etcd's exact
-// revisions; cross-partition behaviour has tests of its own.
+// message). The generator keeps writing txns and deletes within one
+// partition and a lease's keys within one partition, where brain promises
+// etcd's exact revisions (read-only txns go anywhere); cross-partition
+// writes have tests of their own.
 func TestDifferentialAgainstEtcd(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -356,6 +357,26 @@ func (d *differ) txn() {
 			Compare: []*pb.Compare{{Key: k, Target: pb.Compare_MOD, Result: pb.Compare_EQUAL, TargetUnion: &pb.Compare_ModRevision{ModRevision: mod}}},
 			Success: []*pb.RequestOp{op},
 			Failure: []*pb.RequestOp{{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: k}}}},
+		}
+	case 2: // read-only, over any partitions: compares and ranges anywhere
+		r = &pb.TxnRequest{}
+		for i, n := 0, d.pick(4); i < n; i++ {
+			c := d.compare(d.pick(len(diffKeys)), cur)
+			if d.pick(5) == 0 {
+				rg := diffReadRanges[d.pick(len(diffReadRanges))]
+				c.Key, c.RangeEnd = []byte(rg[0]), []byte(rg[1])
+				if len(c.Key) == 0 {
+					c.Key, c.RangeEnd = []byte{0}, []byte{0}
+				}
+			}
+			r.Compare = append(r.Compare, c)
+		}
+		for _, ops := range []*[]*pb.RequestOp{&r.Success, &r.Failure} {
+			for i, n := 0, d.pick(4); i < n; i++ {
+				rr := d.rangeReq(cur)
+				rr.Serializable = false
+				*ops = append(*ops, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: rr}})
+			}
 		}
 	default:
 		r = d.txnReq(part, cur, 0)

@@ -336,9 +336,11 @@ func (s *Server) open() error {
 		Self: s.id.MemberID, Routes: routes, TSO: s.tso, Oracle: s.oracle, Meta: s.meta,
 		RPC: s.rpc, LeaderHint: s.leaderHint, Peers: s.alivePeers, Logger: s.log, Quota: s.quota.check,
 		Groups: s.groupStatus, Alive: s.alive, ClusterInfo: s.clusterInfo, GroupLock: s.transferLock,
+		MaxStaleness: cfg.MaxSerializableStaleness,
 	}); err != nil {
 		return err
 	}
+	s.registry.MustRegister(s.store.Collectors()...)
 	s.quota.store = s.store
 	for _, fc := range s.closeFwd {
 		fc.f = s.store.ForwardClose(fc.id)

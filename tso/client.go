@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Backend reaches the TSO leader on another node.
@@ -36,6 +37,64 @@ type Client struct {
 		waiting  []chan curResult // protected by cur
 		inflight bool             // protected by cur
 	}
+	// confirmed holds recent revisions the TSO's leader confirmed, each
+	// with when the call that learned it began (ConfirmedSince).
+	confirmed struct {
+		sync.Mutex
+		ring [confirmedSamples]confirmation // protected by confirmed
+		n    int                            // samples taken; protected by confirmed
+	}
+}
+
+// confirmation is a revision the TSO's leader answered with to a call that
+// began at (Unix nanoseconds): every write acknowledged before then is at
+// or below it.
+type confirmation struct {
+	rev int64
+	at  int64
+}
+
+// confirmedSamples and confirmedSpacing: a sample is kept at most every
+// 5 ms, so the ring covers the last 320 ms at least.
+const (
+	confirmedSamples = 64
+	confirmedSpacing = 5 * time.Millisecond
+)
+
+// confirm records that the TSO's leader answered rev to a call that began
+// at start.
+func (c *Client) confirm(rev int64, start time.Time) {
+	at := start.UnixNano()
+	c.confirmed.Lock()
+	defer c.confirmed.Unlock()
+	if c.confirmed.n > 0 {
+		last := &c.confirmed.ring[(c.confirmed.n-1)%confirmedSamples]
+		if at-last.at < int64(confirmedSpacing) {
+			last.rev = max(last.rev, rev) // the same slot: the later answer
+			return
+		}
+	}
+	c.confirmed.ring[c.confirmed.n%confirmedSamples] = confirmation{rev: rev, at: at}
+	c.confirmed.n++
+}
+
+// ConfirmedSince returns the lowest revision the TSO's leader confirmed to
+// a call that began at or after t: every write acknowledged before t is at
+// or below it, and a read at it misses nothing acknowledged before t (a
+// bounded-staleness read). ok is false if no such call is remembered.
+func (c *Client) ConfirmedSince(t time.Time) (rev int64, ok bool) {
+	since := t.UnixNano()
+	c.confirmed.Lock()
+	defer c.confirmed.Unlock()
+	n := min(c.confirmed.n, confirmedSamples)
+	for i := 1; i <= n; i++ {
+		s := c.confirmed.ring[(c.confirmed.n-i)%confirmedSamples]
+		if s.at < since {
+			break
+		}
+		rev, ok = s.rev, true
+	}
+	return rev, ok
 }
 
 type nextReq struct {
@@ -87,9 +146,11 @@ func (c *Client) Current() int64 { return c.Known() }
 // Next issues n revisions and returns the first.
 func (c *Client) Next(ctx context.Context, n int64) (int64, error) {
 	if c.local != nil && c.local.Serving() {
+		start := time.Now()
 		first, err := c.local.Next(ctx, n)
 		if err == nil {
 			c.observe(first + n - 1)
+			c.confirm(first+n-1, start)
 			return first, nil
 		}
 		if !errors.Is(err, ErrNotLeader) || c.remote == nil {
@@ -130,11 +191,13 @@ func (c *Client) nextRounds() {
 		for _, r := range batch {
 			total += r.n
 		}
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
 		first, cur, err := c.remote.Next(ctx, total)
 		cancel()
 		if err == nil {
 			c.observe(cur)
+			c.confirm(cur, start)
 		}
 		for _, r := range batch {
 			r.first, r.err = first, err
@@ -148,9 +211,11 @@ func (c *Client) nextRounds() {
 // the call began: every write acknowledged before is at or below it.
 func (c *Client) Fresh(ctx context.Context) (int64, error) {
 	if c.local != nil && c.local.Serving() {
+		start := time.Now()
 		rev, err := c.local.ConfirmedCurrent(ctx)
 		if err == nil {
 			c.observe(rev)
+			c.confirm(rev, start)
 			return rev, nil
 		}
 		if !errors.Is(err, ErrNotLeader) || c.remote == nil {
@@ -187,11 +252,13 @@ func (c *Client) curRounds() {
 			return
 		}
 		c.cur.Unlock()
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
 		rev, err := c.remote.Current(ctx)
 		cancel()
 		if err == nil {
 			c.observe(rev)
+			c.confirm(rev, start)
 		}
 		for _, ch := range batch {
 			ch <- curResult{rev, err}

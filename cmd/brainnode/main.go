@@ -75,6 +75,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Var(msDuration{&cfg.HeartbeatInterval}, "heartbeat-interval", "Time of a heartbeat interval (default 100ms); a plain number is milliseconds, as in etcd.")
 	f.Var(msDuration{&cfg.ElectionTimeout}, "election-timeout", "Time for an election to timeout (default 1s); a plain number is milliseconds, as in etcd.")
 	f.DurationVar(&cfg.WatchProgressNotifyInterval, "watch-progress-notify-interval", 0, "Interval of progress notifications to idle watches that ask for them (default 10m).")
+	f.DurationVar(&cfg.MaxSerializableStaleness, "max-serializable-staleness", 0, "brain: a serializable read reads at least what the cluster had acknowledged this long ago, waiting for an idle partition to close it (one TSO round trip when the node has not heard the TSO for as long); if the TSO does not answer within 250 ms the read is served from what the node has (default 100ms; negative: always what the node has, as stale as its idle partitions).")
 	f.DurationVar(&cfg.WatchFeedsIdleAfter, "watch-feeds-idle-after", 0, "Stop merging a partition's events on this node once no watch on it has covered the partition for this long, until one does (default 30s; negative, e.g. -1s: merge every partition all the time).")
 	f.StringVar(&cfg.CertFile, "cert-file", "", "Path to the client server TLS cert file (for https client URLs).")
 	f.StringVar(&cfg.KeyFile, "key-file", "", "Path to the client server TLS key file.")
