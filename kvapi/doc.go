@@ -9,9 +9,13 @@
 //     (after each has closed R), concatenates in key order, counts across
 //     all of them, and post-processes exactly as etcd does (filters, sort,
 //     limit, More). Linearizable reads use R = the TSO's current revision;
-//     serializable reads use the lowest closed revision among the partitions.
-//   - A txn must stay within one partition; a txn whose keys span several is
-//     refused with InvalidArgument. Read-only txns run on the read path.
+//     serializable reads use the lowest closed revision of the node's
+//     replicas, raised to every revision the node answered with and to the
+//     TSO's revision as of MaxStaleness ago (staleFloor), so they are
+//     bounded-stale and never go back on one node.
+//   - A txn that writes must stay within one partition; one whose keys span
+//     several is refused with InvalidArgument. Read-only txns run on the
+//     read path at one revision, over any partitions (readTxnAcross).
 //   - DeleteRange over several partitions deletes each partition's part as
 //     its own atomic write at its own revision (etcd would use one).
 //   - Lease revocation deletes each partition's attached keys, one revision

@@ -181,10 +181,10 @@ type Store struct {
 	groupLock   func(uint64) *sync.Mutex
 
 	// seen is the highest revision this store answered a client with: a
-	// write's acknowledgement, a linearizable read's header. Serializable
-	// reads never read below it, so on one node a serializable read sees
-	// every write acknowledged before it started and its header never
-	// falls below an earlier linearizable read's, as on an etcd member.
+	// write's acknowledgement, a read's header. Serializable reads never
+	// read below it, so on one node a serializable read sees every write
+	// acknowledged before it started and its header never falls below an
+	// earlier answer's, as on an etcd member.
 	seen atomic.Int64
 
 	// remoteFeedEvents counts the events this node's feeds received from
@@ -196,6 +196,9 @@ type Store struct {
 }
 
 func (s *Store) noteSeen(rev int64) {
+	// The TSO issued rev; a write forwarded to another node's leader
+	// learned it there.
+	s.tso.Observe(rev)
 	for {
 		cur := s.seen.Load()
 		if rev <= cur || s.seen.CompareAndSwap(cur, rev) {
@@ -594,9 +597,7 @@ func (s *Store) rangeIn(ctx context.Context, t *table, r *pb.RangeRequest) (*pb.
 	if readRev < s.compactRevision(routes) {
 		return nil, partition.ErrCompacted
 	}
-	if !r.Serializable {
-		s.noteSeen(header)
-	}
+	s.noteSeen(header)
 	return partition.ExecuteRange(r, kvs, count, header), nil
 }
 
@@ -870,9 +871,7 @@ func (s *Store) readTxn(ctx context.Context, t *table, rt *pb.TxnRequest) (*pb.T
 	if err != nil {
 		return nil, err
 	}
-	if !serializable {
-		s.noteSeen(resp.Header.Revision)
-	}
+	s.noteSeen(resp.Header.Revision)
 	return resp, nil
 }
 

@@ -37,6 +37,10 @@ type NodeStatus struct {
 	Alarms          []string       `json:"alarms,omitempty"`
 	Members         []MemberStatus `json:"members"`
 	Groups          []GroupStatus  `json:"groups"`
+	// StaleClosed lists this node's partition replicas whose closed
+	// revision is older than --max-serializable-staleness: a serializable
+	// read of them here waits for a close first.
+	StaleClosed []uint64 `json:"stale_closed,omitempty"`
 }
 
 // MemberStatus is a member as a node sees it.
@@ -93,6 +97,7 @@ func (s *Server) Status(ctx context.Context) NodeStatus {
 	for _, a := range s.meta.Alarms() {
 		st.Alarms = append(st.Alarms, fmt.Sprintf("%s on %s", a.Alarm, formatID(a.MemberID)))
 	}
+	st.StaleClosed = s.staleClosed()
 	for _, m := range s.members() {
 		st.Members = append(st.Members, MemberStatus{ID: formatID(m.ID), Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Alive: s.alive(m.ID)})
 	}
@@ -268,4 +273,32 @@ func (s *Server) handleSplit(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	}
+}
+
+// staleClosed lists this node's partition replicas whose closed revision
+// is older than the serializable staleness bound: below the oldest
+// revision the TSO confirmed to this node within it. Without a
+// confirmation that recent (the node is idle) it knows of none.
+func (s *Server) staleClosed() []uint64 {
+	bound := s.cfg.MaxSerializableStaleness
+	if bound == 0 {
+		bound = kvapi.DefaultMaxStaleness
+	}
+	if bound < 0 {
+		return nil
+	}
+	rev, ok := s.tso.ConfirmedSince(time.Now().Add(-bound))
+	if !ok {
+		return nil
+	}
+	var out []uint64
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	for id, p := range s.parts {
+		if p.Initialized() && p.Closed() < rev {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

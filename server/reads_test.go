@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -190,6 +191,29 @@ func TestFollowerSerializableReadsAreBoundedStale(t *testing.T) {
 	readers := []*clientv3.Client{testutil.Client(t, cl.Endpoint(1)), testutil.Client(t, cl.Endpoint(2))}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// A write to /b/ leaves the replicas of the idle /c/ partition with a
+	// closed revision below it: n2 reports its replica stale (status and
+	// metric) until a serializable read there has it closed.
+	bw, err := w.Put(context.Background(), "/b/k", "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2 := cl.Nodes[1]
+	var cID uint64
+	for _, rt := range n2.Store().Routes() {
+		if string(rt.Start) == "/c/" {
+			cID = rt.ID
+		}
+	}
+	if st := n2.Status(context.Background()); !slices.Contains(st.StaleClosed, cID) {
+		t.Fatalf("n2 reports stale replicas %v after a write at %d elsewhere; partition %d, which no one asked to close, is not among them", st.StaleClosed, bw.Header.Revision, cID)
+	}
+	if _, err := readers[0].Get(context.Background(), "/c/k", clientv3.WithSerializable()); err != nil {
+		t.Fatal(err)
+	}
+	if st := n2.Status(context.Background()); slices.Contains(st.StaleClosed, cID) {
+		t.Fatalf("n2 still reports partition %d stale after a serializable read there", cID)
+	}
 	for i := 0; i < 20; i++ {
 		key := []string{"/a/k", "/b/k", "/c/k"}[i%3]
 		resp, err := w.Put(ctx, key, fmt.Sprint(i))

@@ -341,6 +341,10 @@ func (s *Server) open() error {
 		return err
 	}
 	s.registry.MustRegister(s.store.Collectors()...)
+	s.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "brain_partition_replicas_stale_closed",
+		Help: "This node's partition replicas whose closed revision is older than --max-serializable-staleness (idle partitions no reader asked to close): a serializable read of them here first waits for a close.",
+	}, func() float64 { return float64(len(s.staleClosed())) }))
 	s.quota.store = s.store
 	for _, fc := range s.closeFwd {
 		fc.f = s.store.ForwardClose(fc.id)

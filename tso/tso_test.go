@@ -238,3 +238,37 @@ func TestShrinkAndExtensionInOneRound(t *testing.T) {
 		t.Fatalf("window end after the round: %d, want 2200 (the extension after the shrink)", got)
 	}
 }
+
+// TestConfirmedSince checks the client's memory of confirmed revisions:
+// the lowest revision confirmed by a call begun at or after a time.
+func TestConfirmedSince(t *testing.T) {
+	c := NewClient(nil, nil)
+	t0 := time.Unix(100, 0)
+	if _, ok := c.ConfirmedSince(t0); ok {
+		t.Fatal("a confirmation remembered before any")
+	}
+	c.confirm(10, t0)
+	c.confirm(12, t0.Add(2*time.Millisecond)) // the same 5 ms slot: kept as its later answer
+	c.confirm(20, t0.Add(50*time.Millisecond))
+	c.confirm(30, t0.Add(100*time.Millisecond))
+	for _, tc := range []struct {
+		since time.Duration
+		want  int64
+		ok    bool
+	}{
+		{0, 12, true}, {time.Millisecond, 20, true}, {50 * time.Millisecond, 20, true},
+		{60 * time.Millisecond, 30, true}, {101 * time.Millisecond, 0, false},
+	} {
+		got, ok := c.ConfirmedSince(t0.Add(tc.since))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("ConfirmedSince(t0+%v) = %d, %v; want %d, %v", tc.since, got, ok, tc.want, tc.ok)
+		}
+	}
+	// The ring forgets the oldest.
+	for i := 0; i < 2*confirmedSamples; i++ {
+		c.confirm(int64(100+i), t0.Add(time.Second+time.Duration(i)*confirmedSpacing))
+	}
+	if got, ok := c.ConfirmedSince(t0); !ok || got != int64(100+confirmedSamples) {
+		t.Errorf("after the ring wrapped, the oldest remembered is %d, %v; want %d", got, ok, 100+confirmedSamples)
+	}
+}

@@ -155,7 +155,7 @@ func printStatus(w io.Writer, views []nodeView) error {
 	}
 	names := map[string]string{}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tID\tCLIENT URLS\tALIVE (gossip)\tANSWERED\tREVISION\tDISK\tALARMS")
+	fmt.Fprintln(tw, "MEMBER\tID\tCLIENT URLS\tALIVE (gossip)\tANSWERED\tREVISION\tDISK\tSTALE CLOSED\tALARMS")
 	members := ok[0].Members
 	for _, m := range members {
 		names[m.ID] = m.Name
@@ -170,11 +170,21 @@ func printStatus(w io.Writer, views []nodeView) error {
 				}
 			}
 		}
-		answered, revs, disk, alarms := "no", "-", "-", ""
+		answered, revs, disk, stale, alarms := "no", "-", "-", "-", ""
 		if s := byID[m.ID]; s != nil {
 			answered, revs, disk, alarms = "yes", fmt.Sprint(s.Revision), humanBytes(s.DiskBytes), strings.Join(s.Alarms, ",")
+			// Partition replicas here whose closed revision is older
+			// than the serializable staleness bound.
+			stale = "none"
+			if len(s.StaleClosed) > 0 {
+				var ps []string
+				for _, p := range s.StaleClosed {
+					ps = append(ps, fmt.Sprint(p))
+				}
+				stale = strings.Join(ps, ",")
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", m.Name, m.ID, strings.Join(m.ClientURLs, ","), up, total, answered, revs, disk, alarms)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.ID, strings.Join(m.ClientURLs, ","), up, total, answered, revs, disk, stale, alarms)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
