@@ -82,3 +82,40 @@ func TestNoLeaderAllowed(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckSerialReads(t *testing.T) {
+	put := func(client int, key, value string, call, ret float64, rev int64) history.Op {
+		return history.Op{Client: client, In: history.Input{Kind: history.Put, Key: key, Value: value}, Call: sec(call), Return: sec(ret),
+			Out: history.Output{Rev: rev, OK: true, Member: 2}} // through another node
+	}
+	ref := &history.Watch{Complete: 10, Resps: []history.Response{{Events: []history.Event{
+		{Key: "k", Value: "a", Rev: 2}, {Key: "k", Value: "b", Rev: 5}, {Key: "j", Value: "x", Rev: 7},
+	}}}}
+	ops := []history.Op{put(1, "k", "a", 1, 1.01, 2), put(1, "k", "b", 2, 2.01, 5), put(1, "j", "x", 3, 3.01, 7)}
+	read := func(node string, key string, call float64, rev int64, exists bool, value string, mod int64) SerialRead {
+		return SerialRead{Node: node, Key: key, Call: sec(call), Return: sec(call + 0.001), Rev: rev, Exists: exists, Value: value, Mod: mod, Member: 1}
+	}
+	good := []SerialRead{
+		read("n1", "k", 2.05, 5, true, "b", 5), // write at 5 acknowledged 40 ms before: may be missed, is not
+		read("n1", "k", 2.5, 5, true, "b", 5),
+		read("n1", "j", 3.05, 5, false, "", 0), // the write at 7 was acknowledged 40 ms before: within the bound
+	}
+	if errs := checkSerialReads(good, ops, ref, nil, []string{"n1"}); len(errs) > 0 {
+		t.Fatalf("good reads: %v", errs)
+	}
+	for name, bad := range map[string][]SerialRead{
+		"wrong state":   {read("n1", "k", 2.5, 5, true, "a", 2)},
+		"too stale":     {read("n1", "k", 2.5, 2, true, "a", 2)},                                        // the write at 5 was acknowledged 490 ms before
+		"went backward": {read("n1", "k", 2.5, 6, true, "b", 5), read("n1", "k", 2.6, 5, true, "b", 5)}, // below what n1 answered
+	} {
+		if errs := checkSerialReads(bad, ops, ref, nil, []string{"n1"}); len(errs) == 0 {
+			t.Errorf("%s: no violation", name)
+		}
+	}
+	// Under a fault a stale read is allowed; after a restart of its node
+	// the node's header may start lower.
+	spans := []Span{{Fault: "kill", Node: "n1", Start: sec(2.55), End: sec(2.56)}}
+	if errs := checkSerialReads([]SerialRead{read("n1", "k", 2.5, 5, true, "b", 5), read("n1", "k", 2.6, 2, true, "a", 2)}, ops, ref, spans, []string{"n1"}); len(errs) > 0 {
+		t.Fatalf("a stale read right after its node restarted: %v", errs)
+	}
+}

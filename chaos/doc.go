@@ -19,6 +19,10 @@
 //     acknowledged write and only attempted values;
 //   - every watch against the reference: ordered, unique, atomic, prev_kv
 //     correct, bookmarks after what they cover, no gap across resumptions;
+//   - every serializable read (a reader per node, through that node) is
+//     the state of its key at its revision, at most MaxStaleness stale
+//     outside faults, and never below an earlier answer of its node
+//     (sreads.go);
 //   - no watch (all are opened with etcd's require-leader metadata, as
 //     kube-apiserver opens them) ends with "no leader" unless its node was
 //     cut off, or the cluster lost its quorum, for 3 election timeouts

@@ -124,6 +124,11 @@ func inject(ctx context.Context, c *Cluster, f string, hold time.Duration, rng *
 	switch f {
 	case "kill", "pause", "isolate", "one-way", "disk-stall", "disk-fail", "disk-full":
 		target = random
+	case "none":
+		// No fault: the workloads run undisturbed (a baseline, drawn only
+		// when named).
+		sleep(ctx, hold)
+		return nil
 	case "bridge":
 		progress("bridge through %s for %v", random.Name, hold.Round(time.Millisecond))
 		tl.add("bridge", random.Name)

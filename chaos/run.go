@@ -50,7 +50,7 @@ type Config struct {
 }
 
 // WorkloadNames are the workloads a run can mix.
-var WorkloadNames = []string{"register", "kube", "watch", "lease"}
+var WorkloadNames = []string{"register", "kube", "watch", "lease", "serial-reads"}
 
 // Result is what a run found.
 type Result struct {
@@ -68,6 +68,10 @@ type Result struct {
 	Costs []FaultCost
 	// StreamEnds counts the watch streams that ended with an error.
 	StreamEnds int
+	// SerialReads counts the serializable reads through single nodes;
+	// Staleness says how stale they were.
+	SerialReads int
+	Staleness   Staleness
 }
 
 // Summary is the run's one-line summary.
@@ -76,8 +80,8 @@ func (r *Result) Summary() string {
 	if len(r.Violations) > 0 {
 		verdict = fmt.Sprintf("%d violations", len(r.Violations))
 	}
-	return fmt.Sprintf("seed=%d faults=%d ops=%d acked-writes=%d unknown=%d lists=%d leases=%d final-revision=%d watch-stream-ends=%d: %s",
-		r.Seed, r.Faults, r.Ops, r.Acked, r.Unknown, r.Lists, r.Leases, r.FinalRev, r.StreamEnds, verdict)
+	return fmt.Sprintf("seed=%d faults=%d ops=%d acked-writes=%d unknown=%d lists=%d leases=%d serial-reads=%d final-revision=%d watch-stream-ends=%d: %s",
+		r.Seed, r.Faults, r.Ops, r.Acked, r.Unknown, r.Lists, r.Leases, r.SerialReads, r.FinalRev, r.StreamEnds, verdict)
 }
 
 // splits put the registers and kube objects into four partitions.
@@ -126,7 +130,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Netns {
 		defaults = append(slices.Clone(defaults), NetFaultNames...)
 	}
-	known := slices.Clone(defaults)
+	known := append(slices.Clone(defaults), "none")
 	if cfg.System != SystemEtcd {
 		known = append(known, PlacementFaultNames...)
 	}
@@ -261,9 +265,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	stop := make(chan struct{})
 	var lwg sync.WaitGroup
+	var sreads serialReadLog
+	if slices.Contains(cfg.Workloads, "serial-reads") {
+		// A reader per node, through that node alone.
+		keys := append(slices.Clone(registerKeys), kubeKeys()...)
+		for i, n := range c.Nodes {
+			cl, err := clientv3.New(clientv3.Config{Endpoints: []string{n.Endpoint()}, DialTimeout: time.Second, Logger: zap.NewNop(),
+				DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: time.Second})
+			if err != nil {
+				return nil, err
+			}
+			clients = append(clients, cl)
+			lwg.Add(1)
+			go func() {
+				defer lwg.Done()
+				runSerialReads(rec, cl, n.Name, keys, cfg.Seed*1000+500+int64(i), stop, &sreads)
+			}()
+		}
+	}
 	id := 0
 	for _, wl := range cfg.Workloads {
-		for i := 0; i < cfg.Clients && wl != "watch"; i++ {
+		for i := 0; i < cfg.Clients && wl != "watch" && wl != "serial-reads"; i++ {
 			cl, err := newClient()
 			if err != nil {
 				return nil, err
@@ -384,6 +406,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	spans := timeline.Spans()
 	endNow := rec.Now()
+	var nodeNames []string
+	for _, n := range c.Nodes {
+		nodeNames = append(nodeNames, n.Name)
+	}
+	srs := sreads.all()
+	for _, e := range checkSerialReads(srs, ops, ref, spans, nodeNames) {
+		res.Violations = append(res.Violations, "serializable read: "+e.Error())
+	}
+	res.SerialReads = len(srs)
+	res.Staleness = serialStaleness(srs, ops)
 	ends, nEnds := checkStreamEnds(rec, watches, func(w *history.Watch, _ int) string { return nodeWatch[w] }, spans, endNow)
 	res.StreamEnds = nEnds
 	for _, v := range ends {
@@ -407,7 +439,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if lin != porcupine.Illegal {
 		os.Remove(html)
 	}
-	if err := writeReport(cfg, res, ops, ls, ll, append(watches, ref), timeline, c); err != nil {
+	if err := writeReport(cfg, res, ops, ls, ll, srs, append(watches, ref), timeline, c); err != nil {
 		return res, err
 	}
 	progress("%s", res.Summary())
@@ -562,7 +594,7 @@ func checkLists(ls []List, ref *history.Watch) []error {
 	return errs
 }
 
-func writeReport(cfg Config, res *Result, ops []history.Op, ls []List, leases []*leaseRecord, watches []*history.Watch, tl *Timeline, c *Cluster) error {
+func writeReport(cfg Config, res *Result, ops []history.Op, ls []List, leases []*leaseRecord, srs []SerialRead, watches []*history.Watch, tl *Timeline, c *Cluster) error {
 	write := func(name string, v any) error {
 		b, err := json.MarshalIndent(v, "", " ")
 		if err != nil {
@@ -574,9 +606,10 @@ func writeReport(cfg Config, res *Result, ops []history.Op, ls []List, leases []
 		write("history.json", ops),
 		write("lists.json", ls),
 		write("leases.json", leases),
+		write("serial-reads.json", srs),
 		write("watches.json", watches),
 		os.WriteFile(filepath.Join(cfg.Out, "timeline.txt"), []byte(tl.String()), 0o644),
-		os.WriteFile(filepath.Join(cfg.Out, "availability.txt"), []byte(availabilityReport(cfg.System, res.Costs)+"\n"+AvailabilitySummary(res.Costs)), 0o644),
+		os.WriteFile(filepath.Join(cfg.Out, "availability.txt"), []byte(availabilityReport(cfg.System, res.Costs)+"\n"+AvailabilitySummary(res.Costs)+"\n"+res.Staleness.String()+"\n"), 0o644),
 		os.WriteFile(filepath.Join(cfg.Out, "violations.txt"), []byte(strings.Join(res.Violations, "\n")+"\n"), 0o644),
 		os.WriteFile(filepath.Join(cfg.Out, "summary.txt"), []byte(res.Summary()+"\n"), 0o644),
 	}

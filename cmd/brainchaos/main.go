@@ -65,7 +65,7 @@ if it found a violation (2 if the run itself failed).`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("what the faults cost the clients (%s/availability.txt):\n%s", cfg.Out, chaos.AvailabilitySummary(res.Costs))
+			fmt.Printf("what the faults cost the clients (%s/availability.txt):\n%s%s\n", cfg.Out, chaos.AvailabilitySummary(res.Costs), res.Staleness)
 			fmt.Println(res.Summary())
 			for _, v := range res.Violations {
 				fmt.Println("VIOLATION:", v)
