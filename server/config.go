@@ -41,8 +41,9 @@ type Config struct {
 	InitialClusterState string
 	// InitialClusterToken (--initial-cluster-token); default "etcd-cluster".
 	InitialClusterToken string
-	// ListenMetricsURLs (--listen-metrics-urls) additionally serve /metrics
-	// and /health.
+	// ListenMetricsURLs (--listen-metrics-urls) additionally serve /metrics,
+	// /health, /livez and /readyz, and nothing else (as etcd's): the admin
+	// API and pprof are on the client URLs only.
 	ListenMetricsURLs []string
 	// MaxRequestBytes (--max-request-bytes); default 1.5 MiB.
 	MaxRequestBytes uint

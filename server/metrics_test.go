@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -104,5 +105,52 @@ func TestMetricsAndDashboard(t *testing.T) {
 	}
 	if n < 10 {
 		t.Errorf("the dashboard queries only %d metrics", n)
+	}
+}
+
+// TestMetricsListenerServesOnlyMetrics: --listen-metrics-urls serves
+// /metrics and the health endpoints, as etcd's metrics listener does, and
+// answers 404 for the admin API (status, the LSM view, splits, moves) and
+// pprof, which the client URL serves (the metrics port skips client TLS and
+// auth: an unauthenticated POST there split a partition).
+func TestMetricsListenerServesOnlyMetrics(t *testing.T) {
+	metrics := "http://127.0.0.1:" + strconv.Itoa(testutil.FreePort(t))
+	s := testutil.StartBrain(t, server.Config{ListenMetricsURLs: []string{metrics}, EnablePprof: true})
+	client := s.ClientURLs()[0]
+	code := func(method, url string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, p := range []string{"/metrics", "/health", "/livez", "/readyz"} {
+		if c := code("GET", metrics+p); c != http.StatusOK {
+			t.Errorf("metrics listener GET %s: %d, want 200", p, c)
+		}
+	}
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/brain/v1/status"}, {"GET", "/brain/v1/lsm"},
+		{"POST", "/brain/v1/split?key=/registry/pods/m"},
+		{"POST", "/brain/v1/transfer-leader?group=1&to=1"},
+		{"POST", "/brain/v1/move-replica?group=1&from=1&to=2"},
+		{"GET", "/debug/pprof/"}, {"GET", "/debug/pprof/cmdline"},
+	} {
+		if c := code(r.method, metrics+r.path); c != http.StatusNotFound {
+			t.Errorf("metrics listener %s %s: %d, want 404", r.method, r.path, c)
+		}
+	}
+	// The client URL still serves them.
+	for _, p := range []string{"/brain/v1/status", "/debug/pprof/cmdline"} {
+		if c := code("GET", client+p); c != http.StatusOK {
+			t.Errorf("client URL GET %s: %d, want 200", p, c)
+		}
 	}
 }

@@ -690,11 +690,17 @@ func (s *Server) serve() error {
 	s.grpc = grpc.NewServer(s.etcd.ServerOptions()...)
 	s.etcd.Register(s.grpc)
 
+	// The metrics listeners serve what etcd's serve: metrics and health,
+	// nothing that changes or reveals the cluster's layout (the admin API
+	// and pprof are served where client TLS and auth apply).
+	metricsMux := http.NewServeMux()
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/health", s.handleHealth)
-	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", s.handleHealth)
+	for _, m := range []*http.ServeMux{metricsMux, mux} {
+		m.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{}))
+		m.HandleFunc("/health", s.handleHealth)
+		m.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+		m.HandleFunc("/readyz", s.handleHealth)
+	}
 	s.registerAdmin(mux)
 	if s.cfg.DiskFaults != nil {
 		mux.Handle("/debug/diskfault", s.cfg.DiskFaults.Handler())
@@ -742,7 +748,7 @@ func (s *Server) serve() error {
 		if err != nil {
 			return err
 		}
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		hs := &http.Server{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second}
 		s.goServe(func() error { return hs.Serve(l) })
 	}
 	s.wg.Add(1)
