@@ -72,15 +72,23 @@ type Config struct {
 	AdvertiseAddr string
 	// Seeds are gossip addresses of other nodes to join through.
 	Seeds []string
-	// Static are nodes known from configuration (--initial-cluster): used
-	// to reach them before gossip does.
+	// Static are the cluster's members (the raft membership: their IDs,
+	// names and peer addresses; SetMembers replaces them). Only members
+	// count: a node gossip knows that is not one is ignored, and a
+	// member's peer address is always the one given here, never one that
+	// gossip claims (a node that could speak the gossip could otherwise
+	// redirect a member's traffic to itself).
 	Static []NodeInfo
 	// SecretKey, if set, encrypts and authenticates gossip (AES-GCM; 16,
 	// 24 or 32 bytes): nodes without the key can neither read it nor join.
 	SecretKey []byte
 	// Label, if set, marks every gossip packet and stream; a node drops
-	// those of another label (another cluster's nodes).
+	// those of another label (another cluster's nodes). It is no secret.
 	Label string
+	// TLS, if set, carries gossip over mutually authenticated TLS (see
+	// TLS): the nodes with peer TLS on gossip only with holders of a
+	// certificate from the peer CA.
+	TLS *TLS
 	// Fast uses memberlist's local-network timings (tests).
 	Fast   bool
 	Logger *slog.Logger
@@ -90,13 +98,14 @@ type Config struct {
 type Membership struct {
 	cfg Config
 	ml  *memberlist.Memberlist
+	tls *tlsTransport // nil without Config.TLS
 	log *slog.Logger
 
 	mu struct {
 		sync.RWMutex
 		self   NodeInfo                // protected by mu
-		nodes  map[uint64]*nodeState   // protected by mu
-		static map[uint64]NodeInfo     // protected by mu
+		nodes  map[uint64]*nodeState   // what gossip says; protected by mu
+		static map[uint64]NodeInfo     // the members; protected by mu
 		leader map[uint64]leaderRecord // group -> leader, protected by mu
 	}
 	stopc chan struct{}
@@ -157,8 +166,18 @@ func Start(cfg Config) (*Membership, error) {
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	mc.Logger = log.New(slogWriter{m.log}, "", 0)
+	if cfg.TLS != nil {
+		t, err := newTLSTransport(cfg.TLS, cfg.BindAddr, cfg.BindPort, m.log)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+		}
+		mc.Transport, m.tls = t, t
+	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if m.tls != nil {
+			_ = m.tls.Shutdown()
+		}
 		return nil, fmt.Errorf("cluster: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	m.ml = ml
@@ -213,7 +232,7 @@ func (m *Membership) SetLeadsAndLoad(groups []uint64, l NodeLoad) {
 	}
 }
 
-// Published returns what every alive node gossip knows, this one
+// Published returns what every alive member gossip knows, this one
 // included, last published: its leaderships and leader load come from
 // the same message, so a group a node leads but did not list (and did
 // not omit: NodeInfo.LeadsOmitted) is one it got after the load it
@@ -223,31 +242,57 @@ func (m *Membership) Published() map[uint64]NodeInfo {
 	defer m.mu.RUnlock()
 	out := map[uint64]NodeInfo{m.mu.self.ID: m.mu.self}
 	for id, n := range m.mu.nodes {
-		if n.alive && id != m.mu.self.ID {
+		if n.alive && id != m.mu.self.ID && m.memberLocked(id) {
 			out[id] = n.info
 		}
 	}
 	return out
 }
 
-// Resolve returns the internal address of node id.
+// Refusals returns how many incoming gossip connections failed the TLS
+// handshake (0 without Config.TLS).
+func (m *Membership) Refusals() int64 {
+	if m.tls == nil {
+		return 0
+	}
+	return m.tls.Refusals()
+}
+
+// SetMembers replaces the cluster's members (see Config.Static): the
+// raft membership as this node knows it now.
+func (m *Membership) SetMembers(members []NodeInfo) {
+	static := make(map[uint64]NodeInfo, len(members))
+	for _, n := range members {
+		static[n.ID] = n
+	}
+	m.mu.Lock()
+	m.mu.static = static
+	m.mu.Unlock()
+}
+
+// memberLocked reports whether id is this node or a member; m.mu is held.
+func (m *Membership) memberLocked(id uint64) bool {
+	_, ok := m.mu.static[id]
+	return ok || id == m.mu.self.ID
+}
+
+// Resolve returns the internal address of node id: a member's configured
+// peer address, never one gossip claims.
 func (m *Membership) Resolve(id uint64) (string, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if id == m.mu.self.ID {
 		return m.mu.self.PeerAddr, true
 	}
-	if n := m.mu.nodes[id]; n != nil && n.info.PeerAddr != "" {
-		return n.info.PeerAddr, true
-	}
-	if n, ok := m.mu.static[id]; ok {
+	if n, ok := m.mu.static[id]; ok && n.PeerAddr != "" {
 		return n.PeerAddr, true
 	}
 	return "", false
 }
 
-// Alive reports whether node id is alive as far as gossip knows (this
-// node is always alive; a node gossip never saw is not).
+// Alive reports whether member id is alive as far as gossip knows (this
+// node is always alive; a node gossip never saw, or that is no member, is
+// not).
 func (m *Membership) Alive(id uint64) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -255,7 +300,7 @@ func (m *Membership) Alive(id uint64) bool {
 		return true
 	}
 	n := m.mu.nodes[id]
-	return n != nil && n.alive
+	return n != nil && n.alive && m.memberLocked(id)
 }
 
 // DownFor returns how long gossip has considered node id dead (0 if it is
@@ -275,17 +320,20 @@ func (m *Membership) LeaderHint(group uint64) (uint64, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	r, ok := m.mu.leader[group]
-	return r.node, ok
+	if !ok || !m.memberLocked(r.node) {
+		return 0, false
+	}
+	return r.node, true
 }
 
-// Nodes returns every node gossip knows, this one included, with
+// Nodes returns every member gossip knows, this one included, with
 // liveness.
 func (m *Membership) Nodes() []NodeStatus {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	out := []NodeStatus{{Info: m.mu.self, Alive: true}}
 	for _, n := range m.mu.nodes {
-		if n.info.ID != m.mu.self.ID {
+		if n.info.ID != m.mu.self.ID && m.memberLocked(n.info.ID) {
 			out = append(out, NodeStatus{Info: n.info, Alive: n.alive})
 		}
 	}
@@ -319,6 +367,9 @@ func (m *Membership) update(node *memberlist.Node, alive bool) {
 		}
 		n.alive = alive
 		m.log.Info("node liveness changed", "node", fmt.Sprintf("%x", info.ID), "name", info.Name, "alive", alive)
+	}
+	if !m.memberLocked(info.ID) {
+		return // no member: its leadership claims route nothing
 	}
 	if !alive || !info.LeadsOmitted {
 		// A node that no longer lists a group it was the last to claim

@@ -30,7 +30,7 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 		port := freePort(t)
 		cfg := Config{
 			Self:     NodeInfo{ID: uint64(i), Name: fmt.Sprint("n", i), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i)},
-			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log,
+			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log, Static: members(3),
 		}
 		m, err := Start(cfg)
 		if err != nil {
@@ -106,6 +106,15 @@ func TestGossipMembershipAndLeaders(t *testing.T) {
 	}
 }
 
+// members are nodes 1..n at the peer addresses the tests give them.
+func members(n int) []NodeInfo {
+	var out []NodeInfo
+	for i := 1; i <= n; i++ {
+		out = append(out, NodeInfo{ID: uint64(i), Name: fmt.Sprint("n", i), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	return out
+}
+
 func eventually(t *testing.T, f func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -127,7 +136,7 @@ func TestGossipEncryption(t *testing.T) {
 		port := freePort(t)
 		m, err := Start(Config{
 			Self:     NodeInfo{ID: id, Name: fmt.Sprint("n", id), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+id)},
-			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log, SecretKey: key,
+			BindAddr: "127.0.0.1", BindPort: port, Seeds: seeds, Fast: true, Logger: log, SecretKey: key, Static: members(4),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -163,7 +172,7 @@ func TestWildcardBindStaysAlive(t *testing.T) {
 		port := freePort(t)
 		m, err := Start(Config{
 			Self:     NodeInfo{ID: uint64(i), Name: fmt.Sprint("n", i), PeerAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i)},
-			BindAddr: "0.0.0.0", BindPort: port, Seeds: seeds, Fast: true, Logger: log,
+			BindAddr: "0.0.0.0", BindPort: port, Seeds: seeds, Fast: true, Logger: log, Static: members(2),
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -142,8 +142,11 @@ type Config struct {
 	GossipAddr string
 	// GossipKeyFile (--gossip-key-file) holds a base64 key (16, 24 or 32
 	// bytes decoded) that encrypts and authenticates membership gossip;
-	// every member needs the same key. Without it gossip is plain text
-	// (peer TLS covers raft and forwarding, not gossip).
+	// every member needs the same key. With peer TLS, gossip also runs over
+	// TLS with the peer certificates (only nodes with a certificate from
+	// the peer CA take part), key or not; without either, gossip is plain
+	// text. Either way a member's peer address is its configured one, not
+	// what gossip says, and only members count.
 	GossipKeyFile string
 	// LeaderBalanceInterval is how often a node hands leaderships to their
 	// preferred nodes or to less loaded ones (spreading leaders and their

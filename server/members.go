@@ -36,6 +36,9 @@ func (s *Server) clusterMembers() []member {
 	for _, m := range s.id.Members {
 		byID[m.ID] = m
 	}
+	for _, m := range s.joinedMembers {
+		byID[m.ID] = m
+	}
 	for _, m := range s.meta.Members() {
 		if m.Removed {
 			delete(byID, m.ID)
@@ -270,6 +273,9 @@ func (s *Server) joinIdentity() (*identity, error) {
 			}
 		}
 	}
+	// Until its meta replica has them, the members the cluster had when
+	// this node joined are the ones it knows (gossip gives no addresses).
+	s.joinedMembers = info.Members
 	if id.MemberID == 0 {
 		return nil, fmt.Errorf("server: the cluster has no member with peer URLs %v; add it first (etcdctl member add %s --peer-urls=%s) or start with --join",
 			cfg.InitialAdvertisePeerURLs, cfg.Name, strings.Join(cfg.InitialAdvertisePeerURLs, ","))

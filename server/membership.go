@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/brainkv/brain/cluster"
 	"github.com/cockroachdb/pebble/v2"
@@ -116,7 +118,9 @@ func (s *Server) startMembership() error {
 	}
 	var static []cluster.NodeInfo
 	var seeds []string
-	for _, m := range s.id.Members {
+	// The members as far as the identity knows; the meta group's records
+	// replace them once it is open (syncGossipMembers).
+	for _, m := range append(slices.Clone(s.id.Members), s.joinedMembers...) {
 		addr, err := peerHostPort(m.PeerURLs[0])
 		if err != nil {
 			return err
@@ -135,8 +139,13 @@ func (s *Server) startMembership() error {
 	if err != nil {
 		return err
 	}
+	gossipTLS, err := s.cfg.gossipTLS()
+	if err != nil {
+		return err
+	}
 	s.membership, err = cluster.Start(cluster.Config{
 		SecretKey:     key,
+		TLS:           gossipTLS,
 		Label:         "brain-cluster-" + formatID(s.id.ClusterID),
 		Self:          cluster.NodeInfo{ID: s.id.MemberID, Name: s.id.Name, PeerAddr: self, ClientURLs: s.cfg.AdvertiseClientURLs},
 		BindAddr:      host,
@@ -172,4 +181,34 @@ func gossipAdvertiseAddr(host string) string {
 		}
 	}
 	return ""
+}
+
+// gossipMembers are the current members (the initial ones and those the
+// meta group records) as gossip's member list: the only nodes gossip
+// counts, at their configured peer addresses.
+func (s *Server) gossipMembers() []cluster.NodeInfo {
+	var out []cluster.NodeInfo
+	for _, m := range s.clusterMembers() {
+		if len(m.PeerURLs) == 0 {
+			continue
+		}
+		addr, err := peerHostPort(m.PeerURLs[0])
+		if err != nil {
+			continue
+		}
+		out = append(out, cluster.NodeInfo{ID: m.ID, Name: m.Name, PeerAddr: addr})
+	}
+	return out
+}
+
+// syncGossipMembers keeps gossip's member list the raft membership's.
+func (s *Server) syncGossipMembers() {
+	last := ""
+	s.every(500*time.Millisecond, nil, func() {
+		ms := s.gossipMembers()
+		if k := fmt.Sprint(ms); k != last {
+			s.membership.SetMembers(ms)
+			last = k
+		}
+	})
 }

@@ -93,7 +93,11 @@ type Server struct {
 	listeners []net.Listener
 	clientLs  []boundListener // bound by listen, served by serve
 	metricsLs []boundListener
-	clientURL []string // the addresses actually bound
+	// joinedMembers are the members a node that joined on this start
+	// learned from the cluster (its identity keeps only the initial ones;
+	// the meta group has the rest once this node's replica catches up).
+	joinedMembers []member
+	clientURL     []string // the addresses actually bound
 	// ready is set once the node serves client requests (serveWhenReady).
 	ready atomic.Bool
 	// began is when New was called; storageOpen how long opening the
@@ -219,6 +223,10 @@ func (s *Server) open() error {
 		if err := s.startMembership(); err != nil {
 			return err
 		}
+		s.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "brain_gossip_connections_refused_total",
+			Help: "Incoming gossip connections refused at the TLS handshake (no certificate from the peer CA; gossip runs over TLS with peer TLS on).",
+		}, func() float64 { return float64(s.membership.Refusals()) }))
 		dialOpts, err := s.cfg.peerDialOptions()
 		if err != nil {
 			return err
@@ -258,6 +266,11 @@ func (s *Server) open() error {
 	minTTL := int64((3*cfg.ElectionTimeout/2 + time.Second - 1) / time.Second)
 	if s.meta, err = meta.New(meta.Config{MinLeaseTTL: minTTL, Logger: s.log}, db, kvapi.MetaGroup); err != nil {
 		return err
+	}
+	if s.membership != nil {
+		// Members added after the identity was made are the meta
+		// group's: gossip resolves them from now on.
+		s.membership.SetMembers(s.gossipMembers())
 	}
 	s.tso = tso.NewClient(s.oracle, nil)
 	s.hub = etcdcompat.NewHub(etcdcompat.HubConfig{Registerer: s.registry, IdleFeedsAfter: cfg.WatchFeedsIdleAfter, Logger: s.log.With("component", "watch")}, nil)
@@ -433,9 +446,10 @@ func (s *Server) open() error {
 	go s.reportSplits()
 	go s.splitDriver()
 	if s.clustered() {
-		s.wg.Add(3)
+		s.wg.Add(4)
 		go s.balanceLeaders()
 		go s.publishLeads()
+		go s.syncGossipMembers()
 		go s.manageReplicas()
 		if s.cfg.RebalanceInterval > 0 {
 			s.wg.Add(1)

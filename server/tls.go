@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/brainkv/brain/cluster"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
@@ -68,6 +69,25 @@ func (c *Config) peerCredentials() (server, dial credentials.TransportCredential
 	}
 	cli := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
 	return credentials.NewTLS(srv), credentials.NewTLS(cli), nil
+}
+
+// gossipTLS is how gossip runs with peer TLS on: over TLS, both ways with
+// the peer certificate, only with nodes whose certificate the peer CA
+// signed (whatever --peer-client-cert-auth says: gossip decides where a
+// member's traffic goes, so it is never open). Nil without peer TLS.
+func (c *Config) gossipTLS() (*cluster.TLS, error) {
+	if c.PeerCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.PeerCertFile, c.PeerKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("server: --peer-cert-file/--peer-key-file: %w", err)
+	}
+	pool, err := loadCAPool(c.PeerTrustedCAFile, "--peer-trusted-ca-file")
+	if err != nil {
+		return nil, err
+	}
+	return &cluster.TLS{Certificate: cert, Roots: pool}, nil
 }
 
 // peerDialOptions are the extra dial options of peer connections (TLS

@@ -8,20 +8,25 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/cluster"
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/server"
+	"github.com/hashicorp/memberlist"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -363,4 +368,143 @@ func TestJoinOverHTTPS(t *testing.T) {
 	if _, err := cli.Put(ctx, "/joined", "v"); err != nil {
 		t.Fatalf("put through the node that joined over https: %v", err)
 	}
+}
+
+// TestRogueGossipMember: a program that speaks memberlist with the
+// cluster's label (which every etcd response header gives away: it is
+// built from the cluster ID) joins the gossip claiming to be member 3 at
+// an address of its own. With peer TLS it is refused at the handshake and
+// never learns of the cluster; without peer TLS and a gossip key it gets
+// in, but no node sends member 3's traffic to its address, and writes
+// through every node keep succeeding (before, members 1 and 2 sent member
+// 3's raft and forwarded calls to the rogue: writes fell to nearly none).
+func TestRogueGossipMember(t *testing.T) {
+	for _, peerTLS := range []bool{true, false} {
+		t.Run(fmt.Sprintf("peerTLS=%v", peerTLS), func(t *testing.T) {
+			dir := t.TempDir()
+			var cfg server.Config
+			if peerTLS {
+				ca := newTestCA(t, "brain-peer-ca")
+				cert, key := ca.issue(t, "peer")
+				cfg = server.Config{
+					PeerCertFile:       writeFile(t, dir, "peer.crt", cert),
+					PeerKeyFile:        writeFile(t, dir, "peer.key", key),
+					PeerTrustedCAFile:  writeFile(t, dir, "ca.crt", ca.pem),
+					PeerClientCertAuth: true,
+				}
+			}
+			c := testutil.StartCluster(t, 3, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			clients := []*clientv3.Client{testutil.Client(t, testutil.Endpoint(c.Nodes[0])), testutil.Client(t, testutil.Endpoint(c.Nodes[1])), testutil.Client(t, testutil.Endpoint(c.Nodes[2]))}
+			ml, err := clients[0].MemberList(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var victim uint64
+			for _, m := range ml.Members {
+				if m.Name == "n3" {
+					victim = m.ID
+				}
+			}
+			// The rogue's "peer address": it counts who connects.
+			trap, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer trap.Close()
+			var trapped atomic.Int64
+			go func() {
+				for {
+					conn, err := trap.Accept()
+					if err != nil {
+						return
+					}
+					trapped.Add(1)
+					conn.Close()
+				}
+			}()
+			seed, err := cluster.GossipAddr(strings.TrimPrefix(strings.TrimPrefix(c.Configs[0].ListenPeerURLs[0], "https://"), "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The rogue speaks memberlist under a name of its own, with the
+			// cluster's label, and publishes member 3's ID with its own
+			// address, as brain's nodes publish theirs.
+			mc := memberlist.DefaultLocalConfig()
+			mc.Name, mc.Label = "rogue", fmt.Sprintf("brain-cluster-%x", ml.Header.ClusterId)
+			mc.BindAddr, mc.BindPort, mc.AdvertisePort = "127.0.0.1", testutil.FreePort(t), 0
+			mc.AdvertisePort = mc.BindPort
+			mc.LogOutput = io.Discard
+			meta, _ := json.Marshal(cluster.NodeInfo{ID: victim, Name: "n3", PeerAddr: trap.Addr().String()})
+			mc.Delegate = rogueMeta(meta)
+			rogue, err := memberlist.Create(mc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rogue.Shutdown()
+			_, joinErr := rogue.Join([]string{seed})
+			if peerTLS {
+				if joinErr == nil {
+					t.Fatal("the rogue joined the TLS gossip")
+				}
+				// Its joins reached node 1 and failed the handshake.
+				for refusedGossip(t, c.Nodes[0]) == 0 {
+					if ctx.Err() != nil {
+						t.Fatal("node 1 never refused the rogue's gossip")
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			} else if joinErr != nil {
+				t.Fatalf("the rogue could not join the plain gossip: %v", joinErr)
+			}
+			// Member 3 restarts: every connection to it is dialled anew,
+			// at the address its peers resolve.
+			c.Stop(2)
+			c.Start(2)
+			clients[2] = testutil.Client(t, testutil.Endpoint(c.Nodes[2]))
+			// Writes through every node, for a while with the rogue in.
+			for i := range 60 {
+				cl := clients[i%3]
+				wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := cl.Put(wctx, fmt.Sprintf("/registry/pods/rogue-%d", i), "v")
+				wcancel()
+				if err != nil {
+					t.Fatalf("put %d through node %d with a rogue gossip member: %v", i, i%3+1, err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if n := trapped.Load(); n != 0 {
+				t.Fatalf("nodes connected %d times to the rogue's address", n)
+			}
+			if peerTLS && rogue.NumMembers() != 1 {
+				t.Fatalf("the refused rogue learned of %d nodes", rogue.NumMembers()-1)
+			}
+		})
+	}
+}
+
+// rogueMeta is a memberlist delegate that publishes a fixed node meta.
+type rogueMeta []byte
+
+func (m rogueMeta) NodeMeta(int) []byte           { return m }
+func (rogueMeta) NotifyMsg([]byte)                {}
+func (rogueMeta) GetBroadcasts(int, int) [][]byte { return nil }
+func (rogueMeta) LocalState(bool) []byte          { return nil }
+func (rogueMeta) MergeRemoteState([]byte, bool)   {}
+
+// refusedGossip reads brain_gossip_connections_refused_total off a node.
+func refusedGossip(t *testing.T, s *server.Server) float64 {
+	t.Helper()
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "brain_gossip_connections_refused_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no brain_gossip_connections_refused_total")
+	return 0
 }
