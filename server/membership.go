@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -183,12 +184,24 @@ func gossipAdvertiseAddr(host string) string {
 	return ""
 }
 
-// gossipMembers are the current members (the initial ones and those the
-// meta group records) as gossip's member list: the only nodes gossip
-// counts, at their configured peer addresses.
+// gossipMembers are every member the cluster has had (the initial ones
+// and those the meta group records, removed ones too: their replicas are
+// reached until they are replaced) as gossip's member list: the only nodes
+// gossip counts, at their configured peer addresses.
 func (s *Server) gossipMembers() []cluster.NodeInfo {
+	byID := map[uint64]member{}
+	for _, m := range append(slices.Clone(s.id.Members), s.joinedMembers...) {
+		byID[m.ID] = m
+	}
+	for _, m := range s.meta.Members() {
+		if _, ok := byID[m.ID]; !ok || len(m.PeerURLs) > 0 {
+			byID[m.ID] = member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs}
+		}
+	}
+	ids := slices.Sorted(maps.Keys(byID))
 	var out []cluster.NodeInfo
-	for _, m := range s.clusterMembers() {
+	for _, id := range ids {
+		m := byID[id]
 		if len(m.PeerURLs) == 0 {
 			continue
 		}
