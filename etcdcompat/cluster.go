@@ -51,16 +51,3 @@ func (c *clusterServer) MemberUpdate(context.Context, *pb.MemberUpdateRequest) (
 func (c *clusterServer) MemberPromote(context.Context, *pb.MemberPromoteRequest) (*pb.MemberPromoteResponse, error) {
 	return nil, errMembership
 }
-
-// authServer reports authentication as disabled; brain authenticates
-// clients with TLS certificates instead of etcd users and roles.
-type authServer struct {
-	pb.UnimplementedAuthServer
-	s *Server
-}
-
-func (a *authServer) AuthStatus(ctx context.Context, r *pb.AuthStatusRequest) (*pb.AuthStatusResponse, error) {
-	resp := &pb.AuthStatusResponse{Header: &pb.ResponseHeader{}, Enabled: false}
-	a.s.fill(resp.Header)
-	return resp, nil
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
@@ -53,6 +54,9 @@ func toGRPCError(err error) error {
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
+	}
+	if g, ok := auth.ToGRPC(err); ok {
+		return g
 	}
 	var cross *kvapi.CrossPartitionError
 	if errors.As(err, &cross) {

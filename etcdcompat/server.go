@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/internal/rpccodec"
 	"github.com/brainkv/brain/kvapi"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -88,6 +89,10 @@ type Config struct {
 	// grpc_server_handled_total, grpc_server_handling_seconds by service,
 	// method and code, as etcd exports them); nil: none.
 	Registerer prometheus.Registerer
+	// Auth is etcd's auth (users, roles, permission checks); nil: the
+	// Auth service answers that it is not configured and nothing is
+	// checked (tests of the layers below).
+	Auth *auth.Store
 }
 
 // DefaultMaxRequestBytes is etcd's default --max-request-bytes.
@@ -199,6 +204,7 @@ func (s *Server) Close() {
 func (s *Server) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(rpccodec.New()),
+		grpc.Creds(listenerTLS{}),
 		grpc.MaxRecvMsgSize(int(s.cfg.MaxRequestBytes + GRPCOverheadBytes)),
 		grpc.MaxSendMsgSize(1<<31 - 1),
 		grpc.MaxConcurrentStreams(1<<32 - 1),
@@ -226,16 +232,16 @@ const clientStreamWorkers = 128
 
 func (s *Server) unaryInterceptors() []grpc.UnaryServerInterceptor {
 	if s.metrics == nil {
-		return []grpc.UnaryServerInterceptor{s.unaryInterceptor}
+		return []grpc.UnaryServerInterceptor{s.unaryInterceptor, s.authUnary}
 	}
-	return []grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor(), s.unaryInterceptor}
+	return []grpc.UnaryServerInterceptor{s.metrics.UnaryServerInterceptor(), s.unaryInterceptor, s.authUnary}
 }
 
 func (s *Server) streamInterceptors() []grpc.StreamServerInterceptor {
 	if s.metrics == nil {
-		return []grpc.StreamServerInterceptor{s.streamInterceptor}
+		return []grpc.StreamServerInterceptor{s.streamInterceptor, s.authStream}
 	}
-	return []grpc.StreamServerInterceptor{s.metrics.StreamServerInterceptor(), s.streamInterceptor}
+	return []grpc.StreamServerInterceptor{s.metrics.StreamServerInterceptor(), s.streamInterceptor, s.authStream}
 }
 
 // streamInterceptor registers every client stream (so that Close can end

@@ -288,6 +288,14 @@ func (sws *watchStream) create(creq *pb.WatchCreateRequest, cur int64) error {
 	default:
 		end = creq.RangeEnd
 	}
+	if a := sws.s.cfg.Auth; a != nil {
+		if err := a.Fresh(sws.stream.Context()); err != nil {
+			return fail(toGRPCError(err).Error())
+		}
+		if reason := a.WatchCancelReason(sws.stream.Context(), creq.Key, end); reason != "" {
+			return fail(reason)
+		}
+	}
 	if len(end) != 0 && bytes.Compare(creq.Key, end) != -1 {
 		return fail(reasonEmptyRange)
 	}

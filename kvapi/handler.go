@@ -9,6 +9,7 @@ import (
 
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/tso"
+	gogoproto "github.com/gogo/protobuf/proto"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
@@ -274,6 +275,16 @@ func (s *Store) handleMeta(ctx context.Context, req *CallRequest) ([]byte, error
 	case OpMetaAllocPartition:
 		id, err := m.AllocPartitionID(ctx)
 		return ints(int64(id)), err
+	case OpMetaAuth:
+		var r pb.InternalRaftRequest
+		if err := r.Unmarshal(req.Args); err != nil {
+			return nil, errCorruptCall
+		}
+		resp, err := m.ProposeAuth(ctx, &r)
+		if err != nil {
+			return nil, err
+		}
+		return gogoproto.Marshal(resp)
 	case OpMetaRecordSplits:
 		var splits []meta.Split
 		if err := json.Unmarshal(req.Args, &splits); err != nil {

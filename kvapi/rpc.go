@@ -67,6 +67,7 @@ const (
 	OpSplit         // child, key: split a partition (on its leader), then record it in the meta group
 	OpMetaAllocPartition
 	OpMetaRecordSplits // JSON []meta.Split
+	OpMetaAuth         // an etcd InternalRaftRequest (an auth change) -> its response
 )
 
 var opNames = [...]string{
@@ -78,6 +79,7 @@ var opNames = [...]string{
 	OpMetaSetAlarm: "meta_set_alarm", OpMetaReadIndex: "meta_read_index", OpEvents: "events",
 	OpGroupInfo: "group_info", OpMetaSetMember: "meta_set_member", OpClusterInfo: "cluster_info",
 	OpSplit: "split", OpMetaAllocPartition: "meta_alloc_partition", OpMetaRecordSplits: "meta_record_splits",
+	OpMetaAuth: "meta_auth",
 }
 
 // String names the operation (metrics, logs).

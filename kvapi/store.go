@@ -20,6 +20,7 @@ import (
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/brainkv/brain/tso"
+	gogoproto "github.com/gogo/protobuf/proto"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
@@ -1183,6 +1184,26 @@ func (s *Store) SetMember(ctx context.Context, mem meta.Member) error {
 		return err
 	}
 	return s.metaCall(ctx, OpMetaSetMember, func() error { return s.meta.SetMember(ctx, mem) }, b, nil)
+}
+
+// Auth proposes an auth change (package auth prepared it) to the meta
+// group on its leader and returns its response; resp is an empty response
+// of its type (auth.ResponseFor), filled when another node applied it.
+func (s *Store) Auth(ctx context.Context, r *pb.InternalRaftRequest, resp gogoproto.Message) (gogoproto.Message, error) {
+	args, err := r.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	var out gogoproto.Message
+	err = s.metaCall(ctx, OpMetaAuth, func() error {
+		m, err := s.meta.ProposeAuth(ctx, r)
+		out = m
+		return err
+	}, args, func(b []byte) error {
+		out = resp
+		return gogoproto.Unmarshal(b, resp)
+	})
+	return out, err
 }
 
 // MetaReadIndex returns the meta group's commit index, confirmed by its

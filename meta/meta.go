@@ -15,6 +15,7 @@ import (
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/gogo/protobuf/proto"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -43,6 +44,18 @@ type Config struct {
 	Logger      *slog.Logger
 	// Now is the clock (tests inject one); default time.Now.
 	Now func() time.Time
+	// Auth applies etcd's auth changes (users, roles, auth enable,
+	// authenticate) the group's log carries; nil: they are refused.
+	Auth AuthApplier
+}
+
+// AuthApplier applies the auth changes of the meta group's log (package
+// auth): their state lives in the group's key range, written into the
+// entry's batch.
+type AuthApplier interface {
+	Apply(b *pebble.Batch, index uint64, r *pb.InternalRaftRequest) (proto.Message, error)
+	// Reload rereads the state after a snapshot replaced it.
+	Reload() error
 }
 
 type lease struct {
@@ -223,11 +236,14 @@ const (
 	cmdSplits byte = 7
 	// no payload; the result is the ID (splits.go)
 	cmdAllocPartition byte = 8
+	// payload: an etcd InternalRaftRequest with one auth change (auth.go)
+	cmdAuth byte = 9
 )
 
 type result struct {
-	err error
-	id  uint64 // cmdAllocPartition
+	err  error
+	id   uint64        // cmdAllocPartition
+	resp proto.Message // cmdAuth
 }
 
 func (m *Meta) propose(ctx context.Context, kind byte, args ...uint64) error {
@@ -246,6 +262,9 @@ func (m *Meta) Apply(ac *raftgroup.ApplyContext, e *raftpb.Entry, cmd []byte) an
 	}
 	if len(cmd) >= 9 && (cmd[0] == cmdSplits || cmd[0] == cmdAllocPartition) {
 		return m.applyPayload(ac, e, cmd)
+	}
+	if len(cmd) >= 9 && cmd[0] == cmdAuth {
+		return m.applyAuth(ac, e, cmd)
 	}
 	if len(cmd) < 9 || (len(cmd)-9)%8 != 0 {
 		m.log.Error("malformed meta command; rejected", "index", e.Index)
@@ -564,6 +583,9 @@ func (m *Meta) SnapshotApplied() error {
 	m.mu.Lock()
 	err := m.loadLocked()
 	m.mu.Unlock()
+	if err == nil && m.cfg.Auth != nil {
+		err = m.cfg.Auth.Reload()
+	}
 	if err == nil && m.onSplits != nil {
 		m.onSplits()
 	}

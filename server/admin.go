@@ -11,9 +11,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/partition"
 	"github.com/cockroachdb/pebble/v2"
+	etcdauth "go.etcd.io/etcd/server/v3/auth"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // The operator API: JSON over the client listener, used by "brainnode
@@ -74,11 +78,65 @@ type GroupStatus struct {
 }
 
 func (s *Server) registerAdmin(mux *http.ServeMux) {
-	mux.HandleFunc("GET /brain/v1/status", s.handleStatus)
-	mux.HandleFunc("GET /brain/v1/lsm", lsmHandler(s.db))
-	mux.HandleFunc("POST /brain/v1/transfer-leader", s.handleTransferLeader)
-	mux.HandleFunc("POST /brain/v1/move-replica", s.handleMoveReplica)
-	mux.HandleFunc("POST /brain/v1/split", s.handleSplit)
+	mux.HandleFunc("GET /brain/v1/status", s.rootOnly(s.handleStatus))
+	mux.HandleFunc("GET /brain/v1/lsm", s.rootOnly(lsmHandler(s.db)))
+	mux.HandleFunc("POST /brain/v1/transfer-leader", s.rootOnly(s.handleTransferLeader))
+	mux.HandleFunc("POST /brain/v1/move-replica", s.rootOnly(s.handleMoveReplica))
+	mux.HandleFunc("POST /brain/v1/split", s.rootOnly(s.handleSplit))
+}
+
+// rootOnly serves h, with auth on, only to a user with the root role: the
+// one of the token in the Authorization header (as etcd's HTTP gateway
+// takes it), or with --client-cert-auth, of the client certificate's
+// common name. It answers 401 with etcd's message when the request names
+// no valid user, and 403 when the user is not root.
+func (s *Server) rootOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.auth == nil {
+			h(w, r)
+			return
+		}
+		if err := s.auth.Fresh(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if !s.auth.Enabled() {
+			h(w, r)
+			return
+		}
+		ai, err := s.httpAuthInfo(r)
+		if err == nil {
+			err = s.auth.Etcd().IsAdminPermitted(ai)
+		}
+		if err != nil {
+			code := http.StatusForbidden
+			if errors.Is(err, etcdauth.ErrUserEmpty) || errors.Is(err, etcdauth.ErrInvalidAuthToken) || errors.Is(err, etcdauth.ErrUserNotFound) {
+				code = http.StatusUnauthorized
+			}
+			msg := err.Error()
+			if g, ok := auth.ToGRPC(err); ok {
+				msg = status.Convert(g).Message()
+			}
+			http.Error(w, msg, code)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// httpAuthInfo is the user an admin request names (nil: none).
+func (s *Server) httpAuthInfo(r *http.Request) (*etcdauth.AuthInfo, error) {
+	if tok := r.Header.Get("Authorization"); tok != "" {
+		return s.auth.AuthInfo(metadata.NewIncomingContext(r.Context(), metadata.Pairs("token", tok)))
+	}
+	if s.cfg.ClientCertAuth && r.TLS != nil {
+		for _, chain := range r.TLS.VerifiedChains {
+			if len(chain) > 0 {
+				return &etcdauth.AuthInfo{Username: chain[0].Subject.CommonName, Revision: s.auth.Revision()}, nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // Status returns this node's view of the cluster.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/internal/diskfault"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -65,6 +66,14 @@ type Config struct {
 	// stale a serializable read may be while the node reaches the TSO
 	// (kvapi.Config.MaxStaleness); default 100ms, negative: no bound.
 	MaxSerializableStaleness time.Duration
+	// AuthToken (--auth-token) is etcd's: "simple" (default) or
+	// "jwt,pub-key=...,priv-key=...,sign-method=...[,ttl=...]".
+	AuthToken string
+	// AuthTokenTTL (--auth-token-ttl): how long a simple token lives
+	// unused; default 300 s.
+	AuthTokenTTL time.Duration
+	// BcryptCost (--bcrypt-cost) hashes passwords; default 10.
+	BcryptCost int
 	// WatchProgressNotifyInterval (--watch-progress-notify-interval);
 	// default 10m.
 	WatchProgressNotifyInterval time.Duration
@@ -327,6 +336,9 @@ func (c *Config) gossipKey() ([]byte, error) {
 func (c *Config) Validate() error {
 	var errs []error
 	if _, err := c.gossipKey(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := auth.ValidateToken(c.AuthToken); err != nil {
 		errs = append(errs, err)
 	}
 	tlsURLs := 0

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/snapshot"
@@ -137,6 +138,10 @@ func (m *maintenance) Snapshot(ctx context.Context, send func([]byte, uint64) er
 		MemberID:        m.s.id.MemberID,
 	}
 	leases := m.s.meta.LeaseList()
+	authState, err := auth.DumpState(snap, kvapi.MetaGroup)
+	if err != nil {
+		return err
+	}
 	pr, pw := io.Pipe()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -149,6 +154,11 @@ func (m *maintenance) Snapshot(ctx context.Context, send func([]byte, uint64) er
 		for _, l := range leases {
 			if err == nil {
 				err = w.Lease(l)
+			}
+		}
+		for _, r := range authState {
+			if err == nil {
+				err = w.Auth(r[0], r[1])
 			}
 		}
 		if err == nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/engine"
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/meta"
@@ -100,6 +101,9 @@ func Restore(rc RestoreConfig) (*snapshot.Header, error) {
 		return nil, err
 	}
 	if err := meta.WriteRestoredState(b, kvapi.MetaGroup, contents.Leases, h.CompactRevision); err != nil {
+		return nil, err
+	}
+	if err := auth.WriteRestoredState(b, kvapi.MetaGroup, contents.Auth); err != nil {
 		return nil, err
 	}
 	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: 1, Placement: cfg.Placement}

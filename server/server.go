@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/brainkv/brain/auth"
 	"github.com/brainkv/brain/internal/diskfault"
 	"log/slog"
 	"net"
@@ -93,6 +94,7 @@ type Server struct {
 	listeners []net.Listener
 	clientLs  []boundListener // bound by listen, served by serve
 	metricsLs []boundListener
+	auth      *auth.Store
 	// joinedMembers are the members a node that joined on this start
 	// learned from the cluster (its identity keeps only the initial ones;
 	// the meta group has the rest once this node's replica catches up).
@@ -264,7 +266,22 @@ func (s *Server) open() error {
 	}
 	// etcd's minimum lease TTL: 1.5 election timeouts, rounded up.
 	minTTL := int64((3*cfg.ElectionTimeout/2 + time.Second - 1) / time.Second)
-	if s.meta, err = meta.New(meta.Config{MinLeaseTTL: minTTL, Logger: s.log}, db, kvapi.MetaGroup); err != nil {
+	if s.auth, err = auth.New(auth.Config{
+		DB: db, MetaGroup: kvapi.MetaGroup,
+		Token: cfg.AuthToken, TokenTTL: cfg.AuthTokenTTL, BcryptCost: cfg.BcryptCost,
+		ClientCertAuth: cfg.ClientCertAuth,
+		Applied: func() uint64 {
+			if g := s.host.Group(kvapi.MetaGroup); g != nil {
+				return g.AppliedIndex()
+			}
+			return 0
+		},
+		ReadIndex: func(ctx context.Context) (uint64, error) { return s.store.MetaReadIndex(ctx) },
+		Logger:    s.log,
+	}); err != nil {
+		return err
+	}
+	if s.meta, err = meta.New(meta.Config{MinLeaseTTL: minTTL, Logger: s.log, Auth: s.auth}, db, kvapi.MetaGroup); err != nil {
 		return err
 	}
 	if s.membership != nil {
@@ -699,6 +716,7 @@ func (s *Server) serve() error {
 		MaxInflightReads:       max(s.cfg.MaxInflightReads, 0),
 		QuotaBackendBytes:      s.cfg.QuotaBackendBytes,
 		ProgressNotifyInterval: s.cfg.WatchProgressNotifyInterval,
+		Auth:                   s.auth,
 		Logger:                 s.log,
 	})
 	s.grpc = grpc.NewServer(s.etcd.ServerOptions()...)
@@ -1073,6 +1091,9 @@ func (s *Server) closeStorage(flush bool) {
 	}
 	if s.membership != nil {
 		s.membership.Stop()
+	}
+	if s.auth != nil {
+		_ = s.auth.Close()
 	}
 	if s.db != nil {
 		if flush {

@@ -27,6 +27,7 @@ import (
 	"github.com/brainkv/brain/kvapi"
 	"github.com/brainkv/brain/server"
 	"github.com/hashicorp/memberlist"
+	"go.etcd.io/etcd/api/v3/authpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -94,6 +95,19 @@ func writeFile(t *testing.T, dir, name string, b []byte) string {
 	return p
 }
 
+// startClientCertNode starts a node on an https client URL with a
+// certificate from ca and --client-cert-auth (base's other fields kept).
+func startClientCertNode(t *testing.T, dir string, ca *testCA, base server.Config) *server.Server {
+	t.Helper()
+	srvCert, srvKey := ca.issue(t, "brainnode")
+	base.ListenClientURLs = []string{"https://127.0.0.1:0"}
+	base.CertFile = writeFile(t, dir, "server.crt", srvCert)
+	base.KeyFile = writeFile(t, dir, "server.key", srvKey)
+	base.TrustedCAFile = writeFile(t, dir, "ca.crt", ca.pem)
+	base.ClientCertAuth = true
+	return testutil.StartBrain(t, base)
+}
+
 // TestClientTLS checks https client URLs with --client-cert-auth: a client
 // with a certificate from the trusted CA works (etcd client and /health);
 // one without a certificate, one with a certificate from another CA, and a
@@ -101,16 +115,9 @@ func writeFile(t *testing.T, dir, name string, b []byte) string {
 func TestClientTLS(t *testing.T) {
 	dir := t.TempDir()
 	ca, rogue := newTestCA(t, "brain-test-ca"), newTestCA(t, "rogue-ca")
-	srvCert, srvKey := ca.issue(t, "brainnode")
 	cliCert, cliKey := ca.issue(t, "client")
 	rogueCert, rogueKey := rogue.issue(t, "intruder")
-	s := testutil.StartBrain(t, server.Config{
-		ListenClientURLs: []string{"https://127.0.0.1:0"},
-		CertFile:         writeFile(t, dir, "server.crt", srvCert),
-		KeyFile:          writeFile(t, dir, "server.key", srvKey),
-		TrustedCAFile:    writeFile(t, dir, "ca.crt", ca.pem),
-		ClientCertAuth:   true,
-	})
+	s := startClientCertNode(t, dir, ca, server.Config{})
 	if u := s.ClientURLs()[0]; u[:8] != "https://" {
 		t.Fatalf("client URL %s is not https", u)
 	}
@@ -507,4 +514,105 @@ func refusedGossip(t *testing.T, s *server.Server) float64 {
 	}
 	t.Fatal("no brain_gossip_connections_refused_total")
 	return 0
+}
+
+// TestKubeUserByCertificate: with --client-cert-auth and auth on, a client
+// certificate's common name is the user, as kube-apiserver connects
+// (--etcd-certfile, no password): a "kube-apiserver" user with readwrite
+// on /registry/ does what kube-apiserver does there (lease grant, put with
+// a lease, a create txn, a guarded update, a list, a watch from a
+// revision, compaction), and nothing outside /registry/; the "root"
+// certificate is root.
+func TestKubeUserByCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, "brain-kube-ca")
+	s := startClientCertNode(t, dir, ca, server.Config{BcryptCost: 4})
+	ep := testutil.Endpoint(s)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.pem)
+	as := func(cn string) *clientv3.Client {
+		c, k := ca.issue(t, cn)
+		kp, err := tls.X509KeyPair(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{kp}}, DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	root := as("root")
+	for _, step := range []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error {
+			_, err := root.UserAddWithOptions(ctx, "kube-apiserver", "", &clientv3.UserAddOptions{NoPassword: true})
+			return err
+		},
+		func() error { _, err := root.RoleAdd(ctx, "kube"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "kube", "/registry/", clientv3.GetPrefixRangeEnd("/registry/"), clientv3.PermissionType(authpb.READWRITE))
+			return err
+		},
+		func() error { _, err := root.UserGrantRole(ctx, "kube-apiserver", "kube"); return err },
+		func() error { _, err := root.Put(ctx, "/other/secret", "s"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kube := as("kube-apiserver")
+	lease, err := kube.Grant(ctx, 60)
+	if err != nil {
+		t.Fatalf("kube-apiserver lease grant: %v", err)
+	}
+	if _, err := kube.Put(ctx, "/registry/events/default/e1", "e", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatalf("put with a lease: %v", err)
+	}
+	key := "/registry/pods/default/p1"
+	tr, err := kube.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).Then(clientv3.OpPut(key, "v1")).Else(clientv3.OpGet(key)).Commit()
+	if err != nil || !tr.Succeeded {
+		t.Fatalf("create txn: %v %v", tr, err)
+	}
+	created := tr.Header.Revision
+	wch := kube.Watch(clientv3.WithRequireLeader(ctx), "/registry/pods/", clientv3.WithPrefix(), clientv3.WithRev(created), clientv3.WithPrevKV())
+	tr, err = kube.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", created)).Then(clientv3.OpPut(key, "v2")).Else(clientv3.OpGet(key)).Commit()
+	if err != nil || !tr.Succeeded {
+		t.Fatalf("guarded update: %v %v", tr, err)
+	}
+	var events int
+	for events < 2 {
+		select {
+		case wr := <-wch:
+			if err := wr.Err(); err != nil {
+				t.Fatalf("watch: %v", err)
+			}
+			events += len(wr.Events)
+		case <-ctx.Done():
+			t.Fatalf("watch saw %d of 2 events", events)
+		}
+	}
+	if r, err := kube.Get(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 2 {
+		t.Fatalf("list /registry/: %v %v", r, err)
+	}
+	if _, err := kube.Compact(ctx, created); err != nil {
+		t.Fatalf("compaction: %v", err)
+	}
+	if _, err := kube.Get(ctx, "/other/secret"); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("kube-apiserver read outside /registry/: %v", err)
+	}
+	if _, err := kube.AuthDisable(ctx); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("kube-apiserver disabled auth: %v", err)
+	}
+	if r, err := root.Get(ctx, "/other/secret"); err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("root certificate: %v %v", r, err)
+	}
+	if _, err := as("nobody").Get(ctx, "/registry/pods/default/p1"); err == nil {
+		t.Fatal("a certificate naming no user read /registry/")
+	}
 }

@@ -20,7 +20,10 @@ const (
 	kindHeader  byte = 1
 	kindVersion byte = 2
 	kindLease   byte = 3
-	kindEnd     byte = 0xFF
+	// kindAuth is one record of the auth state (package auth): a key
+	// (uvarint length and bytes) and its value.
+	kindAuth byte = 4
+	kindEnd  byte = 0xFF
 )
 
 // Header describes a backup.
@@ -103,6 +106,14 @@ func (w *Writer) Lease(l meta.Lease) error {
 	return w.record(kindLease, b)
 }
 
+// Auth writes one record of the auth state (users, roles, settings).
+func (w *Writer) Auth(key, value []byte) error {
+	b := binary.AppendUvarint(nil, uint64(len(key)))
+	b = append(b, key...)
+	b = append(b, value...)
+	return w.record(kindAuth, b)
+}
+
 // Close writes the end record and the padding, and flushes.
 func (w *Writer) Close() error {
 	if err := w.record(kindEnd, nil); err != nil {
@@ -120,6 +131,9 @@ func (w *Writer) Close() error {
 type Contents struct {
 	Header Header
 	Leases []meta.Lease
+	// Auth is the auth state's records (key, value), as Writer.Auth got
+	// them.
+	Auth [][2][]byte
 }
 
 // Read verifies and parses a complete backup file (content and checksum),
@@ -168,6 +182,13 @@ func Read(data []byte, fn func(*partition.Version) error) (*Contents, error) {
 				return nil, fmt.Errorf("%w: lease record", ErrCorrupt)
 			}
 			c.Leases = append(c.Leases, meta.Lease{ID: int64(binary.BigEndian.Uint64(payload)), TTL: int64(binary.BigEndian.Uint64(payload[8:]))})
+		case kindAuth:
+			kl, k := binary.Uvarint(payload)
+			if k <= 0 || uint64(len(payload)-k) < kl {
+				return nil, fmt.Errorf("%w: auth record", ErrCorrupt)
+			}
+			key := append([]byte(nil), payload[k:k+int(kl)]...)
+			c.Auth = append(c.Auth, [2][]byte{key, append([]byte(nil), payload[k+int(kl):]...)})
 		case kindEnd:
 			if !sawHeader {
 				return nil, fmt.Errorf("%w: no header", ErrCorrupt)

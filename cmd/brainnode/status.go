@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"github.com/brainkv/brain/server"
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // adminFlags are the flags of the commands that talk to the operator API.
@@ -23,6 +26,9 @@ type adminFlags struct {
 	cacert, cert, key  string
 	insecureSkipVerify bool
 	timeout            time.Duration
+	// user is etcdctl's --user, username[:password]: with auth on, the
+	// operator API needs the root role.
+	user string
 }
 
 func (a *adminFlags) register(c *cobra.Command) {
@@ -33,6 +39,7 @@ func (a *adminFlags) register(c *cobra.Command) {
 	f.StringVar(&a.key, "key", "", "Client key.")
 	f.BoolVar(&a.insecureSkipVerify, "insecure-skip-tls-verify", false, "Do not verify the nodes' certificates.")
 	f.DurationVar(&a.timeout, "command-timeout", 5*time.Second, "Timeout of each request.")
+	f.StringVar(&a.user, "user", "", "username:password of a user with the root role (clusters with auth enabled).")
 }
 
 func (a *adminFlags) client() (*http.Client, error) {
@@ -54,7 +61,51 @@ func (a *adminFlags) client() (*http.Client, error) {
 	// HTTP/1.1: the client port serves gRPC on HTTP/2.
 	tr.ForceAttemptHTTP2 = false
 	tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
-	return &http.Client{Transport: tr, Timeout: a.timeout}, nil
+	if a.user == "" {
+		return &http.Client{Transport: tr, Timeout: a.timeout}, nil
+	}
+	token, err := a.authenticate(tr.TLSClientConfig)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: tokenTransport{tr, token}, Timeout: a.timeout}, nil
+}
+
+// authenticate gets a token for --user from the first endpoint.
+func (a *adminFlags) authenticate(tlsCfg *tls.Config) (string, error) {
+	name, password, ok := strings.Cut(a.user, ":")
+	if !ok {
+		return "", fmt.Errorf("--user %s: give the password too, as --user %s:PASSWORD", name, name)
+	}
+	var eps []string
+	for _, ep := range a.endpoints {
+		eps = append(eps, normalizeEndpoint(ep))
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: eps, TLS: tlsCfg, DialTimeout: a.timeout, Logger: zap.NewNop()})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+	defer cancel()
+	resp, err := c.Authenticate(ctx, name, password)
+	if err != nil {
+		return "", fmt.Errorf("--user %s: %w", name, err)
+	}
+	return resp.Token, nil
+}
+
+// tokenTransport sends an auth token with every request, as etcd's HTTP
+// gateway takes it.
+type tokenTransport struct {
+	http.RoundTripper
+	token string
+}
+
+func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", t.token)
+	return t.RoundTripper.RoundTrip(r)
 }
 
 // nodeView is one endpoint's answer.

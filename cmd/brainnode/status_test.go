@@ -277,3 +277,40 @@ func TestSplitCommand(t *testing.T) {
 		t.Fatalf("keys after the split: %v %v", g, err)
 	}
 }
+
+// TestAdminNeedsRoot: with auth on, the operator API serves only the root
+// role: status and split without --user are refused with etcd's "user
+// name is empty", a user without the root role with "permission denied",
+// and root is served.
+func TestAdminNeedsRoot(t *testing.T) {
+	s := testutil.StartBrain(t, server.Config{InitialSplitPoints: []string{"m"}, BcryptCost: 4})
+	ep := "http://" + testutil.Endpoint(s)
+	cl := testutil.Client(t, testutil.Endpoint(s))
+	ctx := t.Context()
+	for _, step := range []func() error{
+		func() error { _, err := cl.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := cl.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cl.UserAdd(ctx, "alice", "alicepw"); return err },
+		func() error { _, err := cl.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := runCmd(t, "status", "--endpoints", ep)
+	if err == nil || !strings.Contains(out+err.Error(), "user name is empty") {
+		t.Fatalf("status without a user: %v\n%s", err, out)
+	}
+	if _, err := runCmd(t, "split", "--endpoints", ep, "--user", "alice:alicepw", "d"); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("split as alice: %v", err)
+	}
+	if _, err := runCmd(t, "split", "--endpoints", ep, "--user", "root:wrong", "d"); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Fatalf("split with a wrong password: %v", err)
+	}
+	if out, err := runCmd(t, "status", "--endpoints", ep, "--user", "root:rootpw"); err != nil || !strings.Contains(out, "1 of 1 queried nodes answered") {
+		t.Fatalf("status as root: %v\n%s", err, out)
+	}
+	if out, err := runCmd(t, "split", "--endpoints", ep, "--user", "root:rootpw", "d"); err != nil || !strings.Contains(out, `split at "d"`) {
+		t.Fatalf("split as root: %v\n%s", err, out)
+	}
+}

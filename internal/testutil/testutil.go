@@ -95,6 +95,13 @@ func StartEtcd(t testing.TB) string {
 // endpoints once every member is ready.
 func StartEtcdCluster(t testing.TB, n int) []string {
 	t.Helper()
+	return StartEtcdClusterWith(t, n, nil)
+}
+
+// StartEtcdClusterWith is StartEtcdCluster with every member's
+// configuration passed through configure (nil: as is).
+func StartEtcdClusterWith(t testing.TB, n int, configure func(*embed.Config)) []string {
+	t.Helper()
 	cfgs := make([]*embed.Config, n)
 	var initial []string
 	for i := range cfgs {
@@ -108,6 +115,9 @@ func StartEtcdCluster(t testing.TB, n int) []string {
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 		initial = append(initial, cfg.Name+"="+pu.String())
+		if configure != nil {
+			configure(cfg)
+		}
 		cfgs[i] = cfg
 	}
 	// Members block in StartEtcd until a quorum has started: start them
