@@ -21,6 +21,10 @@ else
 fi
 
 build() {
+	if [ ! -s deploy/gossip.key ]; then
+		echo "==> writing a gossip key to deploy/gossip.key"
+		(umask 077 && head -c 32 /dev/urandom | base64 > deploy/gossip.key)
+	fi
 	echo "==> building a static brainnode"
 	CGO_ENABLED=0 go build -trimpath -o bin/brainnode ./cmd/brainnode
 	echo "==> building the image and starting the cluster"
