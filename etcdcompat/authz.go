@@ -2,8 +2,11 @@ package etcdcompat
 
 import (
 	"context"
+	"errors"
 
 	"github.com/brainkv/brain/auth"
+	"github.com/brainkv/brain/meta"
+	"github.com/brainkv/brain/partition"
 	gogoproto "github.com/gogo/protobuf/proto"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	etcdauth "go.etcd.io/etcd/server/v3/auth"
@@ -139,8 +142,11 @@ func readOnlyTxn(r *pb.TxnRequest) bool {
 // leaseKeys lists the keys attached to a lease.
 func (s *Server) leaseKeys(ctx context.Context, lease int64) ([]string, error) {
 	resp, err := s.store.LeaseTimeToLive(ctx, &pb.LeaseTimeToLiveRequest{ID: lease, Keys: true})
-	if err != nil {
+	if errors.Is(err, meta.ErrLeaseNotFound) || errors.Is(err, partition.ErrLeaseNotFound) {
 		return nil, nil // no such lease: nothing attached
+	}
+	if err != nil {
+		return nil, err // unknown: the check must not pass on it
 	}
 	out := make([]string, len(resp.Keys))
 	for i, k := range resp.Keys {
