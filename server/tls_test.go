@@ -519,10 +519,10 @@ func refusedGossip(t *testing.T, s *server.Server) float64 {
 // TestKubeUserByCertificate: with --client-cert-auth and auth on, a client
 // certificate's common name is the user, as kube-apiserver connects
 // (--etcd-certfile, no password): a "kube-apiserver" user with readwrite
-// on /registry/ does what kube-apiserver does there (lease grant, put with
-// a lease, a create txn, a guarded update, a list, a watch from a
-// revision, compaction), and nothing outside /registry/; the "root"
-// certificate is root.
+// on /registry/ and compact_rev_key does what kube-apiserver does (lease
+// grant, put with a lease, a create txn, a guarded update, a list, a watch
+// from a revision, its compactor's txn and compaction), and nothing else;
+// the "root" certificate is root.
 func TestKubeUserByCertificate(t *testing.T) {
 	dir := t.TempDir()
 	ca := newTestCA(t, "brain-kube-ca")
@@ -556,6 +556,10 @@ func TestKubeUserByCertificate(t *testing.T) {
 		func() error { _, err := root.RoleAdd(ctx, "kube"); return err },
 		func() error {
 			_, err := root.RoleGrantPermission(ctx, "kube", "/registry/", clientv3.GetPrefixRangeEnd("/registry/"), clientv3.PermissionType(authpb.READWRITE))
+			return err
+		},
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "kube", "compact_rev_key", "", clientv3.PermissionType(authpb.READWRITE))
 			return err
 		},
 		func() error { _, err := root.UserGrantRole(ctx, "kube-apiserver", "kube"); return err },
@@ -599,6 +603,12 @@ func TestKubeUserByCertificate(t *testing.T) {
 	}
 	if r, err := kube.Get(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 2 {
 		t.Fatalf("list /registry/: %v %v", r, err)
+	}
+	// kube-apiserver's compactor: a txn on compact_rev_key, then Compact.
+	ct, err := kube.Txn(ctx).If(clientv3.Compare(clientv3.Version("compact_rev_key"), "=", 0)).
+		Then(clientv3.OpPut("compact_rev_key", fmt.Sprint(created))).Else(clientv3.OpGet("compact_rev_key")).Commit()
+	if err != nil || !ct.Succeeded {
+		t.Fatalf("compactor's txn: %v %v", ct, err)
 	}
 	if _, err := kube.Compact(ctx, created); err != nil {
 		t.Fatalf("compaction: %v", err)

@@ -10,8 +10,9 @@
 # COMPACTION_INTERVAL (default 10s); BRAIN_NODES (default 3, at most 6) is
 # the cluster size; TLS=1 runs brain with client and peer
 # TLS and --client-cert-auth/--peer-client-cert-auth (certificates from
-# openssl), kube-apiserver connecting with
-# --etcd-cafile/--etcd-certfile/--etcd-keyfile.
+# openssl) and etcd's auth on, kube-apiserver connecting with
+# --etcd-cafile/--etcd-certfile/--etcd-keyfile as a user whose role covers
+# /registry/ only.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,8 +33,8 @@ build_brain() {
   mkdir -p "$bin"
   log "building brainnode and etcdcheck"
   (cd "$root" && go build -o "$bin/brainnode" ./cmd/brainnode && go build -o "$bin/etcdcheck" ./test/e2e/kube/etcdcheck &&
-    go build -o "$bin/mvccscan" ./test/e2e/kube/mvccscan) ||
-    die "building brainnode/etcdcheck/mvccscan failed"
+    go build -o "$bin/mvccscan" ./test/e2e/kube/mvccscan && go build -o "$bin/etcdctl" go.etcd.io/etcd/etcdctl/v3) ||
+    die "building brainnode/etcdcheck/mvccscan/etcdctl failed"
 }
 
 
@@ -100,7 +101,9 @@ make_pki() {
     openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile server.ext &&
     openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=kube-apiserver &&
     printf 'extendedKeyUsage=clientAuth\n' >client.ext &&
-    openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 -extfile client.ext) \
+    openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 -extfile client.ext &&
+    openssl req -newkey rsa:2048 -nodes -keyout root.key -out root.csr -subj /CN=root &&
+    openssl x509 -req -in root.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out root.crt -days 2 -extfile client.ext) \
     >"$p/openssl.log" 2>&1 || die "openssl could not make the certificates (see $p/openssl.log)"
   TLSNODE=(--cert-file "$p/server.crt" --key-file "$p/server.key" --trusted-ca-file "$p/ca.crt" --client-cert-auth
     --peer-cert-file "$p/server.crt" --peer-key-file "$p/server.key" --peer-trusted-ca-file "$p/ca.crt" --peer-client-cert-auth)
@@ -108,6 +111,25 @@ make_pki() {
   CURLTLS=(--http1.1 --cacert "$p/ca.crt" --cert "$p/client.crt" --key "$p/client.key")
   APIFLAGS=(--etcd-cafile="$p/ca.crt" --etcd-certfile="$p/client.crt" --etcd-keyfile="$p/client.key")
   log "TLS on: brain's clients and peers need certificates from $p/ca.crt"
+}
+
+# enable_auth (TLS=1): etcd's auth on, kube-apiserver's certificate (CN
+# kube-apiserver) a user with readwrite on /registry/ and on the key its
+# compactor keeps (compact_rev_key) and nothing else; root is the CN=root
+# certificate. The commands are etcdctl 3.6's, unchanged.
+enable_auth() {
+  local p=$work/pki ep=$SCHEME://127.0.0.1:${CPORT[n1]} step
+  local -a ctl=("$bin/etcdctl" --endpoints "$ep" --cacert "$p/ca.crt" --cert "$p/root.crt" --key "$p/root.key" --command-timeout 10s)
+  for step in "user add root --no-password" "user grant-role root root" "role add kube" \
+    "role grant-permission kube --prefix=true readwrite /registry/" "role grant-permission kube readwrite compact_rev_key" \
+    "user add kube-apiserver --no-password" "user grant-role kube-apiserver kube" "auth enable"; do
+    # shellcheck disable=SC2086
+    "${ctl[@]}" $step >>"$work/auth.log" 2>&1 || die "etcdctl $step failed (see $work/auth.log)"
+  done
+  check_fails "with auth on, kube-apiserver's user cannot read outside /registry/" "permission denied" \
+    "$bin/etcdctl" --endpoints "$ep" --cacert "$p/ca.crt" --cert "$p/client.crt" --key "$p/client.key" get /outside
+  check "root reads anything" "${ctl[@]}" get /outside
+  log "auth on: kube-apiserver connects as the user kube-apiserver (role kube: /registry/ and compact_rev_key)"
 }
 
 # ---------------------------------------------------------------- assertions
@@ -160,6 +182,7 @@ setup() {
   for n in "${NODES[@]}"; do start_node "$n"; done
   for n in "${NODES[@]}"; do wait_health "$n" 60 || die "brain cluster did not start"; done
   ec status | sed 's/^/    /'
+  [ "$SCHEME" = https ] && enable_auth
 
   start_apiserver
   pass "kube-apiserver /readyz after ${APIREADY}s"
