@@ -458,11 +458,24 @@ func (c *barrierCall) finished() bool {
 	}
 }
 
+// runBarrier takes the meta group's read index, trying again while the
+// group changes leaders (a planned transfer as a node stops answers
+// "leader changed" to a read index in flight) for up to 5 s.
 func (s *Store) runBarrier(c *barrierCall) {
+	defer close(c.done)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c.index, c.err = s.cfg.ReadIndex(ctx)
-	close(c.done)
+	for {
+		c.index, c.err = s.cfg.ReadIndex(ctx)
+		if c.err == nil || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // ValidateToken checks etcd's --auth-token options (the JWT keys load and
