@@ -106,6 +106,10 @@ const GRPCOverheadBytes = 512 * 1024
 // consistent reads from its cache for etcd >= 3.5.13.
 const Version = "3.6.0"
 
+// ClusterVersion is the cluster version brain reports (etcd's
+// "etcdcluster" in /version: major.minor.0).
+const ClusterVersion = "3.6.0"
+
 // Server implements etcd's v3 gRPC services over a kvapi.Store.
 type Server struct {
 	cfg     Config

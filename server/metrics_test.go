@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/etcdcompat"
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -152,5 +153,36 @@ func TestMetricsListenerServesOnlyMetrics(t *testing.T) {
 		if c := code("GET", client+p); c != http.StatusOK {
 			t.Errorf("client URL GET %s: %d, want 200", p, c)
 		}
+	}
+}
+
+// TestVersionEndpoint: the client URL serves etcd's /version, with the
+// fields etcd's has (tools probe it to learn the API they talk to).
+func TestVersionEndpoint(t *testing.T) {
+	fields := func(url string) map[string]string {
+		t.Helper()
+		resp, err := http.Get(url + "/version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]string
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s/version: %s %v", url, resp.Status, err)
+		}
+		return v
+	}
+	want := fields("http://" + testutil.StartEtcd(t))
+	got := fields(testutil.StartBrain(t, server.Config{}).ClientURLs()[0])
+	if len(got) != len(want) {
+		t.Fatalf("/version: brain %v, etcd %v", got, want)
+	}
+	for k := range want {
+		if got[k] == "" {
+			t.Errorf("/version lacks etcd's %q: %v", k, got)
+		}
+	}
+	if got["etcdserver"] != etcdcompat.Version || got["etcdcluster"] != want["etcdcluster"] {
+		t.Errorf("/version: %v (etcd's: %v)", got, want)
 	}
 }

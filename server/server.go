@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/brainkv/brain/auth"
@@ -733,6 +734,11 @@ func (s *Server) serve() error {
 		m.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 		m.HandleFunc("/readyz", s.handleHealth)
 	}
+	// etcd's /version, which tools probe to learn the API they talk to.
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"etcdserver": etcdcompat.Version, "etcdcluster": etcdcompat.ClusterVersion, "storage": etcdcompat.Version})
+	})
 	s.registerAdmin(mux)
 	if s.cfg.DiskFaults != nil {
 		mux.Handle("/debug/diskfault", s.cfg.DiskFaults.Handler())

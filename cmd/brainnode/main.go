@@ -5,6 +5,8 @@ import (
 	"github.com/brainkv/brain/internal/diskfault"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -111,17 +113,53 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.Float64Var(&cfg.SplitWriteRate, "split-write-rate", 0, "brain: a partition taking more writes per second than this over --split-window splits at the middle of the keys written, so a hot key range spreads over partitions and nodes (0: never); a node whose leader load no leadership move can even out also splits a partition taking a quarter of it or more for balance. A split can make a multi-key txn across the split key cross-partition (refused); Kubernetes writes one key per txn.")
 	f.DurationVar(&cfg.SplitWindow, "split-window", 10*time.Second, "brain: how often partition leaders check size and write rate for splits, and measure the write load the leader balancer evens out over the nodes.")
 	cmd.AddCommand(statusCmd(), transferLeaderCmd(), moveReplicaCmd(), splitCmd(), snapshotCmd(), migrateCmd(), versionCmd())
+	cmd.Version = buildVersion()
+	cmd.SetVersionTemplate("{{.Version}}\n")
 	return cmd
 }
 
 func versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the etcd API version brainnode reports",
+		Short: "Print brainnode's build (version, commit, Go) and the etcd API version it reports",
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Printf("brainnode (etcd API %s)\n", etcdcompat.Version)
+			fmt.Fprintln(cmd.OutOrStdout(), buildVersion())
 		},
 	}
+}
+
+// buildVersion describes this binary from its build information: the
+// module version, the commit it was built from (and whether the tree had
+// changes), when, and the Go release, with the etcd API version it
+// reports.
+func buildVersion() string {
+	v, commit, when, modified, goVersion := "(devel)", "", "", false, runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.time":
+				when = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	out := "brainnode " + v
+	if commit != "" {
+		out += " commit " + commit[:min(12, len(commit))]
+		if modified {
+			out += " (modified)"
+		}
+	}
+	if when != "" {
+		out += " built " + when
+	}
+	return out + " " + goVersion + ", etcd API " + etcdcompat.Version
 }
 
 func snapshotCmd() *cobra.Command {

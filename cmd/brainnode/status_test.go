@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brainkv/brain/etcdcompat"
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -312,5 +313,16 @@ func TestAdminNeedsRoot(t *testing.T) {
 	}
 	if out, err := runCmd(t, "split", "--endpoints", ep, "--user", "root:rootpw", "d"); err != nil || !strings.Contains(out, `split at "d"`) {
 		t.Fatalf("split as root: %v\n%s", err, out)
+	}
+}
+
+// TestVersionFlag: --version and the version command print the build and
+// the etcd API version.
+func TestVersionFlag(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out, err := runCmd(t, args...)
+		if err != nil || !strings.HasPrefix(out, "brainnode ") || !strings.Contains(out, "etcd API "+etcdcompat.Version) || !strings.Contains(out, "go1.") {
+			t.Fatalf("brainnode %v: %v %q", args, err, out)
+		}
 	}
 }
