@@ -26,7 +26,7 @@ build() {
 		(umask 077 && head -c 32 /dev/urandom | base64 > deploy/gossip.key)
 	fi
 	echo "==> building a static brainnode"
-	CGO_ENABLED=0 go build -trimpath -buildvcs=true -o bin/brainnode ./cmd/brainnode
+	CGO_ENABLED=0 go build -trimpath -buildvcs=auto -o bin/brainnode ./cmd/brainnode
 	echo "==> building the image and starting the cluster"
 	compose up -d --build
 }
