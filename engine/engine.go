@@ -226,9 +226,16 @@ func flushFailed(err error) bool {
 // space is freed on the data directory's file system.
 var ErrNoSpace = errors.New("engine: no space left on the data directory's disk")
 
+// ErrLocked is returned by Open when another process has the store open.
+var ErrLocked = errors.New("engine: store locked")
+
 // describeFailure adds, to an error caused by a full disk, the disk's free
 // space and the size of the write-ahead log that opening must flush.
 func describeFailure(cfg Config, err error) error {
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held by current process") {
+		// Pebble's LOCK file is held: flock answers EWOULDBLOCK.
+		return fmt.Errorf("%w: the data directory is locked by another process (is another node running on the same --data-dir?)", ErrLocked)
+	}
 	if !errors.Is(err, syscall.ENOSPC) {
 		return err
 	}

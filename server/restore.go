@@ -48,14 +48,47 @@ func Restore(rc RestoreConfig) (*snapshot.Header, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	// The store is written into a directory beside the data directory and
+	// renamed to it at the end, so a failed restore leaves nothing that a
+	// retry would trip over or a start would take for a store.
+	tmp := cfg.DataDir + ".restoring"
+	if err := cfg.FS.RemoveAll(tmp); err != nil {
 		return nil, err
 	}
-	db, err := engine.Open(engine.Config{Dir: filepath.Join(cfg.DataDir, "pebble"), FS: cfg.FS})
+	if err := cfg.FS.MkdirAll(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	hdr, err := restoreInto(cfg, rc, tmp, data)
+	if err != nil {
+		if rerr := cfg.FS.RemoveAll(tmp); rerr != nil {
+			err = fmt.Errorf("%w (and removing %s failed: %v)", err, tmp, rerr)
+		}
+		return nil, err
+	}
+	if err := cfg.FS.Rename(tmp, cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if d, err := cfg.FS.OpenDir(filepath.Dir(cfg.DataDir)); err == nil {
+		err = d.Sync() // the rename survives a crash
+		d.Close()
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
+	return hdr, nil
+}
+
+// restoreInto writes the store restored from data into dir.
+func restoreInto(cfg Config, rc RestoreConfig, dir string, data []byte) (_ *snapshot.Header, err error) {
+	db, err := engine.Open(engine.Config{Dir: filepath.Join(dir, "pebble"), FS: cfg.FS})
 	if err != nil {
 		return nil, err
 	}
-	defer db.Close()
+	defer func() {
+		if cerr := db.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
 
 	// The header comes first in the file; split points are needed to place
 	// events, so parse once for the header, then load.
