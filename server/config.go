@@ -167,6 +167,12 @@ type Config struct {
 	// asks it to add this node to the cluster (etcd's MemberAdd) and joins
 	// (implies --initial-cluster-state=existing).
 	Join string
+	// AllowJoin (--allow-join) makes a one-member store a cluster of one:
+	// it serves its peer listener and gossip, so other nodes can --join
+	// it. A store keeps it once started with it; a store created with
+	// several members (or by a join) is always a cluster. Without it a
+	// single node opens no peer or gossip port and refuses MemberAdd.
+	AllowJoin bool
 	// DeadNodeTimeout (--dead-node-timeout) is how long gossip must have
 	// considered a node dead before the leaders of its groups replace its
 	// replicas on other nodes; default 1m.
@@ -198,10 +204,13 @@ type Config struct {
 	// leader balancer evens out (loadbalance.go); default 10s.
 	SplitWindow time.Duration
 
-	// Logger; default: JSON to stderr at LogLevel.
+	// Logger; default: stderr at LogLevel in LogFormat.
 	Logger *slog.Logger
 	// LogLevel (--log-level): debug, info, warn, error; default info.
 	LogLevel string
+	// LogFormat (--log-format): text (for people) or json (for log
+	// collectors); default text when stderr is a terminal, else json.
+	LogFormat string
 	// FS is the filesystem (tests use vfs.NewMem()); default the OS's.
 	FS vfs.FS
 	// DiskFaults, when set, wraps FS with its injector and serves
@@ -433,6 +442,11 @@ func (c *Config) Validate() error {
 	}
 	if c.TSOWindow < 1 {
 		errs = append(errs, fmt.Errorf("--tso-window must be positive"))
+	}
+	switch c.LogFormat {
+	case "", "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format must be text or json, not %q", c.LogFormat))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":

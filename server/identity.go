@@ -33,6 +33,9 @@ type identity struct {
 	// JoinedAt is the cluster's revision when this node joined it (0 for
 	// an initial member): its watch feeds start after it.
 	JoinedAt int64 `json:"joined_at,omitempty"`
+	// Clustered: a one-member store started with --allow-join, which
+	// serves peers and gossip from then on.
+	Clustered bool `json:"clustered,omitempty"`
 }
 
 // placement returns the cluster's placement scheme.

@@ -85,6 +85,9 @@ var (
 	errPeerURLExist = status.Error(codes.FailedPrecondition, "etcdserver: Peer URLs already exists")
 	errNoPeerURLs   = status.Error(codes.InvalidArgument, "etcdserver: member not found") // etcd rejects empty peer URLs while parsing
 	errLearnerAdd   = status.Error(codes.Unimplemented, "brain: learner members are not supported; add a voting member (brain decides which replicas each node holds)")
+	// errStandalone: a single node started without --allow-join opens no
+	// peer port, so a member added to it could never reach it.
+	errStandalone = status.Error(codes.FailedPrecondition, "brain: this node is a single-node store and takes no members; restart it with --allow-join (its data stays) so that it serves its peer URL, then add or --join members")
 )
 
 // memberAdd implements etcd's MemberAdd: the member is recorded in the meta
@@ -93,6 +96,9 @@ var (
 func (s *Server) memberAdd(ctx context.Context, r *pb.MemberAddRequest) (*pb.Member, []*pb.Member, error) {
 	if r.IsLearner {
 		return nil, nil, errLearnerAdd
+	}
+	if !s.clustered() {
+		return nil, nil, errStandalone
 	}
 	if len(r.PeerURLs) == 0 {
 		return nil, nil, errNoPeerURLs
@@ -200,7 +206,10 @@ func (s *Server) clusterInfo() ([]byte, error) {
 // joinIdentity creates the identity of a node joining a running cluster:
 // with --join it first asks that member to add it; then it fetches the
 // cluster's description from a member and finds itself in it by peer URL.
-func (s *Server) joinIdentity() (*identity, error) {
+//
+// A join that added this node and then failed removes it again, so a
+// failed join leaves no member that never started.
+func (s *Server) joinIdentity() (id *identity, err error) {
 	cfg := s.cfg
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -214,9 +223,21 @@ func (s *Server) joinIdentity() (*identity, error) {
 			}
 			creds = credentials.NewTLS(tc)
 		}
-		ms, err := addSelf(ctx, cfg.Join, creds, cfg.InitialAdvertisePeerURLs)
+		ms, added, err := addSelf(ctx, cfg.Join, creds, cfg.InitialAdvertisePeerURLs)
 		if err != nil {
 			return nil, fmt.Errorf("server: --join %s: %w", cfg.Join, err)
+		}
+		if added != 0 {
+			defer func() {
+				if err == nil {
+					return
+				}
+				if rerr := removeAdded(cfg.Join, creds, added); rerr != nil {
+					err = fmt.Errorf("%w (and removing the member this join added, %s, failed: %v; remove it with etcdctl member remove %s)", err, formatID(added), rerr, formatID(added))
+					return
+				}
+				s.log.Info("join failed; removed the member it added", "member-id", formatID(added))
+			}()
 		}
 		for _, m := range ms {
 			peers = append(peers, m.PeerURLs...)
@@ -261,7 +282,7 @@ func (s *Server) joinIdentity() (*identity, error) {
 	if lastErr != nil {
 		return nil, fmt.Errorf("server: cannot learn the cluster from its members: %w", lastErr)
 	}
-	id := &identity{
+	id = &identity{
 		Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, ClusterID: info.ClusterID,
 		SplitPoints: info.SplitPoints, Members: info.Initial, Replicas: info.Replicas,
 		Placement: info.Placement, Bootstrapped: true, JoinedAt: info.Revision,
@@ -284,15 +305,17 @@ func (s *Server) joinIdentity() (*identity, error) {
 }
 
 // addSelf calls MemberAdd on the member at clientURL; a member already
-// added (a retried join) is found with MemberList.
-func addSelf(ctx context.Context, clientURL string, creds credentials.TransportCredentials, peerURLs []string) ([]*pb.Member, error) {
+// added (a retried join, or one added with etcdctl member add) is found
+// with MemberList. added is the ID of the member this call added (0 if it
+// existed).
+func addSelf(ctx context.Context, clientURL string, creds credentials.TransportCredentials, peerURLs []string) (ms []*pb.Member, added uint64, err error) {
 	addr, err := listenAddr(clientURL)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer conn.Close()
 	c := pb.NewClusterClient(conn)
@@ -304,22 +327,40 @@ func addSelf(ctx context.Context, clientURL string, creds credentials.TransportC
 	for backoff := 100 * time.Millisecond; status.Code(err) == codes.Unavailable; backoff = min(2*backoff, 2*time.Second) {
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, 0, err
 		case <-time.After(backoff):
 		}
 		resp, err = c.MemberAdd(ctx, &pb.MemberAddRequest{PeerURLs: peerURLs})
 	}
-	if status.Code(err) == codes.FailedPrecondition {
+	if status.Convert(err).Message() == status.Convert(errPeerURLExist).Message() {
 		list, lerr := c.MemberList(ctx, &pb.MemberListRequest{})
 		if lerr != nil {
-			return nil, lerr
+			return nil, 0, lerr
 		}
-		return list.Members, nil
+		return list.Members, 0, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return resp.Members, nil
+	return resp.Members, resp.Member.GetID(), nil
+}
+
+// removeAdded undoes addSelf's MemberAdd after a join failed, so the
+// cluster keeps no member that never started.
+func removeAdded(clientURL string, creds credentials.TransportCredentials, id uint64) error {
+	addr, err := listenAddr(clientURL)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = pb.NewClusterClient(conn).MemberRemove(ctx, &pb.MemberRemoveRequest{ID: id})
+	return err
 }
 
 // saveIdentity persists the node's identity.

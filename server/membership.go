@@ -33,6 +33,13 @@ func (s *Server) loadOrCreateIdentity() error {
 			s.log.Warn("--initial-split-points differ from the store's; using the store's", "store", id.SplitPoints)
 		}
 		s.id = id
+		if cfg.AllowJoin && !s.clustered() {
+			s.id.Clustered = true
+			if err := s.saveIdentity(); err != nil {
+				return err
+			}
+			s.log.Info("this single-node store now serves peers (--allow-join): other nodes can --join it", "peer-urls", id.PeerURLs)
+		}
 		return nil
 	}
 	if cfg.InitialClusterState == "existing" {
@@ -69,6 +76,7 @@ func (s *Server) loadOrCreateIdentity() error {
 		return fmt.Errorf("server: --initial-advertise-peer-urls %v do not match this member's (%s) URLs in --initial-cluster", id.PeerURLs, cfg.Name)
 	}
 	id.ClusterID = clusterID(ids)
+	id.Clustered = cfg.AllowJoin && len(members) == 1
 	b := s.db.NewBatch()
 	if err := saveIdentity(b, id); err != nil {
 		return err

@@ -38,6 +38,7 @@ func SetMemoryLimit(ratio float64, provider memlimit.Provider, log *slog.Logger)
 // (SetMemoryLimit's provider in brainnode).
 var CgroupMemoryLimit memlimit.Provider = memlimit.FromCgroup
 
-// NewLogger returns brain's structured logger: JSON to stderr at level
-// (debug, info, warn or error; others mean info).
-func NewLogger(level string) *slog.Logger { return newLogger(level) }
+// NewLogger returns brain's structured logger to stderr at level (debug,
+// info, warn or error; others mean info) in format (text, json, or empty:
+// text when stderr is a terminal, else json).
+func NewLogger(level, format string) *slog.Logger { return newLogger(level, format) }

@@ -28,7 +28,9 @@ import (
 // that node as a learner, promote it once it caught up, then drop the dead
 // voter (partitions) or demote it to a learner (the TSO and meta groups,
 // which every node follows). Members with no TSO or meta replica (a node
-// that joined) get a learner.
+// that joined) get a learner. A group with fewer voters than
+// min(--replicas, members) and no dead one (a single node that others
+// joined) grows the same way: a learner is added, then promoted.
 
 // removalGrace lets requests already reading a replica that is being
 // removed finish before its state is deleted.
@@ -309,6 +311,25 @@ func (s *Server) repairGroup(g *raftgroup.Group, st raftgroup.Status) {
 		}
 		if n := s.pickNewReplica(g.ID(), members, isReplica, alive); n != 0 {
 			change, why = raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: n}, "add a learner to replace a dead voter"
+		}
+	case len(st.Voters) < rf:
+		// Fewer voters than the replication factor and none dead: the
+		// cluster grew past the members the group was created on (a
+		// single node joined by others) or a removed member's voter was
+		// dropped. A caught-up learner becomes a voter; else a partition
+		// gets a learner (the TSO and meta groups have one on every
+		// member already).
+		if l := firstOf(st.Learners, func(n uint64) bool {
+			return slices.Contains(members, n) && alive(n) && st.CaughtUp(n, caughtUpSlack)
+		}); l != 0 {
+			change, why = raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddNode, NodeID: l}, "promote a caught-up learner: fewer voters than replicas"
+			break
+		}
+		if allMembersGroup(g.ID()) || firstOf(st.Learners, func(n uint64) bool { return !dead(n) && alive(n) }) != 0 {
+			return // a learner is catching up
+		}
+		if n := s.pickNewReplica(g.ID(), members, isReplica, alive); n != 0 {
+			change, why = raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: n}, "add a learner: fewer voters than replicas"
 		}
 	case !allMembersGroup(g.ID()):
 		// Learners of partitions exist only while replacing a voter.

@@ -131,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	log := cfg.Logger
 	if log == nil {
-		log = newLogger(cfg.LogLevel)
+		log = newLogger(cfg.LogLevel, cfg.LogFormat)
 	}
 	s := &Server{cfg: cfg, log: log, began: time.Now(), registry: prometheus.NewRegistry(), stopc: make(chan struct{}), removed: make(chan struct{}),
 		routesKick: make(chan struct{}, 1)}
@@ -169,6 +169,7 @@ func New(cfg Config) (*Server, error) {
 		return float64(s.store.RemoteFeedEvents())
 	})
 	s.registry.MustRegister(s.splits, s.refused, s.internalCalls, s.feedSent, s.balanceTransfers, s.leaderWriteRate, s.leaderLoadGauge, s.offPlacement, feedEvents)
+	existed, inUse := dataDirState(cfg.FS, cfg.DataDir)
 	err := s.listen()
 	if err == nil {
 		err = s.open()
@@ -176,6 +177,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		s.closeListeners()
 		s.closeStorage(false)
+		if !inUse {
+			// A store this call created and could not start is not left
+			// half made: a retry would find it and start it empty.
+			if rerr := removeNewStore(cfg.FS, cfg.DataDir, existed); rerr != nil {
+				log.Warn("could not remove the data directory of the store that failed to start", "data-dir", cfg.DataDir, "err", rerr)
+			}
+		}
 		return nil, err
 	}
 	if err := s.serve(); err != nil {
@@ -193,17 +201,31 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-func newLogger(level string) *slog.Logger {
+func newLogger(level, format string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "text" || (format == "" && stderrIsTerminal()) {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// stderrIsTerminal reports whether stderr is a character device (a
+// terminal), where people rather than collectors read the log.
+func stderrIsTerminal() bool {
+	st, err := os.Stderr.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 func formatID(id uint64) string { return fmt.Sprintf("%x", id) }
 
-// clustered reports whether the node has peers (it is one of several
-// initial members, or joined a cluster).
-func (s *Server) clustered() bool { return len(s.id.Members) > 1 || s.id.JoinedAt != 0 }
+// clustered reports whether the node serves peers: it is one of several
+// initial members, joined a cluster, or is a one-member store started
+// with --allow-join.
+func (s *Server) clustered() bool {
+	return len(s.id.Members) > 1 || s.id.JoinedAt != 0 || s.id.Clustered
+}
 
 func (s *Server) open() error {
 	cfg := s.cfg
@@ -840,8 +862,15 @@ func (s *Server) goServe(f func() error) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := f(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, http.ErrServerClosed) &&
-			!errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, cmux.ErrListenerClosed) && !strings.Contains(err.Error(), "use of closed") {
+		err := f()
+		select {
+		case <-s.stopc:
+			return // a stop closes every listener: nothing to report
+		default:
+		}
+		if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, http.ErrServerClosed) &&
+			!errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, cmux.ErrListenerClosed) && !errors.Is(err, cmux.ErrServerClosed) &&
+			!strings.Contains(err.Error(), "use of closed") {
 			s.log.Warn("listener stopped", "err", err)
 		}
 	}()

@@ -42,7 +42,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 				cfg.DiskFaults = new(diskfault.Injector)
 			}
 			// Its failure is logged; the node runs without a soft limit.
-			_, _ = server.SetMemoryLimit(memoryLimitRatio, server.CgroupMemoryLimit, server.NewLogger(cfg.LogLevel))
+			_, _ = server.SetMemoryLimit(memoryLimitRatio, server.CgroupMemoryLimit, server.NewLogger(cfg.LogLevel, cfg.LogFormat))
 			s, err := server.New(cfg)
 			if err != nil {
 				return err
@@ -92,6 +92,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.BoolVar(&cfg.PeerClientCertAuth, "peer-client-cert-auth", false, "Enable peer client cert authentication.")
 	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "Serve runtime profiling data at /debug/pprof/ on client URLs.")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "Log level: debug, info, warn, error.")
+	f.StringVar(&cfg.LogFormat, "log-format", "", "brain: log format: text (for people) or json (for log collectors); default text when stderr is a terminal, else json.")
 	f.StringSliceVar(&cfg.InitialSplitPoints, "initial-split-points", server.DefaultSplitPoints, "brain: keys at which a new store splits its keyspace into partitions (ignored once the store exists).")
 	f.Int64Var(&cfg.TSOWindow, "tso-window", 1000, "brain: revisions one TSO log write reserves; a crash skips at most this many.")
 	f.IntVar(&cfg.RaftWorkers, "raft-workers", 4, "brain: goroutines driving the raft groups.")
@@ -106,6 +107,7 @@ in ./default.brain. Flags follow etcd's names where etcd has the same notion.`,
 	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", "", "brain: file holding a base64 key (16, 24 or 32 bytes) that encrypts membership gossip; every member needs the same one.")
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", "", "brain: host:port for membership gossip (default: the first peer listen URL's port + 1).")
 	f.StringVar(&cfg.Join, "join", "", "brain: client URL of any member; a node with a new store asks it to add this node and joins the cluster (implies --initial-cluster-state=existing).")
+	f.BoolVar(&cfg.AllowJoin, "allow-join", false, "brain: a single node (one member) also serves --listen-peer-urls and gossip, so other nodes can --join it; the store keeps this once started with it. Without it a single node opens no peer port and refuses member add.")
 	f.DurationVar(&cfg.DeadNodeTimeout, "dead-node-timeout", time.Minute, "brain: how long a node must be down before its replicas are re-created on other nodes (when there are enough).")
 	f.DurationVar(&cfg.LeaderBalanceInterval, "leader-balance-interval", 5*time.Second, "brain: how often a node hands the leaderships it holds to their preferred nodes or, by load, to less loaded voters (a load move still waits for two --split-window windows of confirmation).")
 	f.DurationVar(&cfg.RebalanceInterval, "rebalance-interval", 10*time.Second, "brain: how often a partition's leader moves a replica toward the placement over the current members, so nodes that joined get their share of replicas and leaderships (negative: never).")
