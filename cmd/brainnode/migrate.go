@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func migrateCmd() *cobra.Command {
@@ -76,14 +81,18 @@ are not carried over.`,
 	}
 	flags(fromSnapshot)
 
+	var endpoints []string
 	var endpoint, cacert, cert, key string
-	var timeout time.Duration
+	var timeout, dialTimeout time.Duration
 	fromEndpoint := &cobra.Command{
 		Use:   "from-endpoint",
 		Short: "Copy a live etcd member's data (its snapshot stream) and import it",
 		Args:  cobra.NoArgs,
 		RunE: func(_ *cobra.Command, _ []string) error {
-			file, err := fetchSnapshot(endpoint, cacert, cert, key, timeout)
+			if endpoint != "" {
+				endpoints = []string{endpoint}
+			}
+			file, err := fetchSnapshot(endpoints, cacert, cert, key, dialTimeout, timeout)
 			if err != nil {
 				return err
 			}
@@ -93,47 +102,73 @@ are not carried over.`,
 	}
 	flags(fromEndpoint)
 	f := fromEndpoint.Flags()
-	f.StringVar(&endpoint, "endpoint", "http://127.0.0.1:2379", "The etcd member to copy (one client URL).")
+	f.StringSliceVar(&endpoints, "endpoints", []string{"http://127.0.0.1:2379"}, "etcd members' client URLs; the first that answers is copied.")
+	f.StringVar(&endpoint, "endpoint", "", "The etcd member to copy (one client URL); the same as --endpoints with one URL.")
+	_ = f.MarkHidden("endpoint")
 	f.StringVar(&cacert, "cacert", "", "CA bundle to verify the etcd member's certificate.")
 	f.StringVar(&cert, "cert", "", "Client certificate for the etcd member.")
 	f.StringVar(&key, "key", "", "Client key for the etcd member.")
+	f.DurationVar(&dialTimeout, "dial-timeout", 5*time.Second, "Give up on a member that does not answer within this long.")
 	f.DurationVar(&timeout, "timeout", 30*time.Minute, "Give up the copy after this long.")
 	cmd.AddCommand(fromSnapshot, fromEndpoint)
 	return cmd
 }
 
 // fetchSnapshot saves a live etcd member's snapshot stream to a temporary
-// file and returns its path.
-func fetchSnapshot(endpoint, cacert, cert, key string, timeout time.Duration) (string, error) {
-	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second}
+// file and returns its path. The first of endpoints that answers a status
+// request within dialTimeout is copied; timeout bounds the copy.
+func fetchSnapshot(endpoints []string, cacert, cert, key string, dialTimeout, timeout time.Duration) (string, error) {
+	if len(endpoints) == 0 {
+		return "", fmt.Errorf("--endpoints: no etcd member given")
+	}
+	var tlsCfg *tls.Config
 	if cacert != "" || cert != "" {
-		tls, err := transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}.ClientConfig()
-		if err != nil {
+		var err error
+		if tlsCfg, err = (transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}).ClientConfig(); err != nil {
 			return "", err
 		}
-		cfg.TLS = tls
 	}
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		return "", err
+	var errs []error
+	for _, ep := range endpoints {
+		fmt.Fprintf(os.Stderr, "contacting etcd at %s (--dial-timeout %v)\n", ep, dialTimeout)
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: dialTimeout, TLS: tlsCfg, Logger: zap.NewNop()})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+			continue
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), dialTimeout)
+		st, err := cli.Status(sctx, ep)
+		scancel()
+		if err != nil {
+			cli.Close()
+			if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+				err = fmt.Errorf("no answer within --dial-timeout %v (is etcd running there, and reachable?): %s", dialTimeout, status.Convert(err).Message())
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+			continue
+		}
+		file, err := copySnapshot(cli, ep, st, timeout)
+		cli.Close()
+		return file, err
 	}
-	defer cli.Close()
+	return "", fmt.Errorf("no etcd member answered: %w", errors.Join(errs...))
+}
+
+// copySnapshot streams the snapshot of the member at ep (whose status is
+// st) into a temporary file.
+func copySnapshot(cli *clientv3.Client, ep string, st *clientv3.StatusResponse, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	st, err := cli.Status(ctx, endpoint)
-	if err != nil {
-		return "", fmt.Errorf("etcd at %s: %w", endpoint, err)
-	}
 	rc, err := cli.Snapshot(ctx)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("etcd at %s: %w", ep, err)
 	}
 	defer rc.Close()
 	f, err := os.CreateTemp("", "etcd-*.db")
 	if err != nil {
 		return "", err
 	}
-	bar := newProgress(fmt.Sprintf("copying etcd %s at revision %d", st.Version, st.Header.Revision))
+	bar := newProgress(fmt.Sprintf("copying etcd %s at revision %d from %s", st.Version, st.Header.Revision, ep))
 	_, err = io.Copy(f, &countingReader{r: rc, fn: func(n int64) { bar.set(n, st.DbSize) }})
 	bar.done()
 	if cerr := f.Close(); err == nil {

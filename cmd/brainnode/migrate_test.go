@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -79,7 +80,7 @@ func TestMigrateFromEtcd(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "brain")
 			args := []string{"migrate", mode, "--data-dir", dir}
 			if mode == "from-endpoint" {
-				args = append(args, "--endpoint", "http://"+ep)
+				args = append(args, "--endpoints", "http://"+ep)
 			} else {
 				args = append(args, snapFile)
 			}
@@ -158,4 +159,42 @@ func events(t *testing.T, ctx context.Context, c *clientv3.Client, from, to int6
 	}
 	t.Fatalf("watch from %d ended before revision %d (%d events)", from, to, len(out))
 	return nil
+}
+
+// TestMigrateFailuresLeaveNothing: an etcd that does not answer fails
+// from-endpoint within its --dial-timeout with a message naming the
+// endpoint; a file that is not a snapshot fails from-snapshot and snapshot
+// restore; none leaves a data directory (nor the temporary one beside it)
+// behind.
+func TestMigrateFailuresLeaveNothing(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "brain")
+	dead := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
+	start := time.Now()
+	_, err := runCmd(t, "migrate", "from-endpoint", "--endpoints", dead, "--dial-timeout", "1s", "--data-dir", dir)
+	if err == nil || !strings.Contains(err.Error(), "no etcd member answered") || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("migrate from a dead endpoint: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("migrate from a dead endpoint took %v with --dial-timeout 1s", took)
+	}
+	bad := filepath.Join(t.TempDir(), "not-a-snapshot")
+	if err := os.WriteFile(bad, []byte("not a bbolt file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCmd(t, "migrate", "from-snapshot", bad, "--data-dir", dir); err == nil {
+		t.Fatal("migrate from a file that is not a snapshot succeeded")
+	}
+	// A restore fails after it created its store (the backup is read
+	// while the store is written).
+	if _, err := runCmd(t, "snapshot", "restore", bad, "--data-dir", dir); err == nil {
+		t.Fatal("restore of a file that is not a backup succeeded")
+	}
+	names, err := os.ReadDir(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 0 {
+		t.Fatalf("failed migrations left %v in %s", names, parent)
+	}
 }
