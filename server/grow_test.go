@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,29 +76,7 @@ func TestSingleNodeGrowsIntoCluster(t *testing.T) {
 	c.Join(0, server.Config{})
 	c.Join(0, server.Config{})
 
-	eventually(t, time.Minute, "every group has 3 voters", func() (bool, string) {
-		var state []string
-		ok := true
-		for _, g := range c.Nodes[0].GroupIDs() {
-			leader := -1
-			for i, n := range c.Nodes {
-				if st, found := n.GroupStatus(g); found && st.IsLeader {
-					leader = i
-				}
-			}
-			if leader < 0 {
-				ok = false
-				state = append(state, fmt.Sprintf("group %d: no leader", g))
-				continue
-			}
-			st, _ := c.Nodes[leader].GroupStatus(g)
-			if len(st.Voters) != 3 {
-				ok = false
-			}
-			state = append(state, fmt.Sprintf("group %d: voters %d learners %d", g, len(st.Voters), len(st.Learners)))
-		}
-		return ok, strings.Join(state, "; ")
-	})
+	waitVoters(t, c, 3)
 
 	// The data written on the single node is served by every node, and a
 	// write through a joined node is read through the first.
@@ -135,4 +114,89 @@ func TestSingleNodeGrowsIntoCluster(t *testing.T) {
 		}
 		return true, ""
 	})
+}
+
+// waitVoters waits until every group of c's first node has n voters.
+func waitVoters(t *testing.T, c *testutil.Cluster, n int) {
+	t.Helper()
+	eventually(t, time.Minute, fmt.Sprintf("every group has %d voters", n), func() (bool, string) {
+		var state []string
+		ok := true
+		for _, g := range c.Nodes[0].GroupIDs() {
+			leader := -1
+			for i, node := range c.Nodes {
+				if node == nil {
+					continue
+				}
+				if st, found := node.GroupStatus(g); found && st.IsLeader {
+					leader = i
+				}
+			}
+			if leader < 0 {
+				ok = false
+				state = append(state, fmt.Sprintf("group %d: no leader", g))
+				continue
+			}
+			st, _ := c.Nodes[leader].GroupStatus(g)
+			if len(st.Voters) != n {
+				ok = false
+			}
+			state = append(state, fmt.Sprintf("group %d: voters %d learners %d", g, len(st.Voters), len(st.Learners)))
+		}
+		return ok, strings.Join(state, "; ")
+	})
+}
+
+// TestRestoredStoreGrowsIntoCluster: a store restored from a backup (or
+// migrated from etcd, which restores) is a single node that, started with
+// --allow-join, grows into a replicated cluster like any other: every group
+// reaches three voters and the backup's data is on every node.
+func TestRestoredStoreGrowsIntoCluster(t *testing.T) {
+	c := testutil.StartCluster(t, 1, server.Config{InitialSplitPoints: memberSplits, ReplicaCheckInterval: 200 * time.Millisecond, RebalanceInterval: 500 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := testutil.Client(t, c.Endpoint(0))
+	for _, k := range memberKeys {
+		if _, err := cl.Put(ctx, k, "backed up"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc, err := cl.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	f, err := os.Create(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(f, rc); err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	f.Close()
+	cl.Close()
+	c.Stop(0)
+	if err := os.RemoveAll(c.Configs[0].DataDir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Restore(server.RestoreConfig{SnapshotPath: backup, DataDir: c.Configs[0].DataDir, Name: c.Configs[0].Name,
+		InitialAdvertisePeerURLs: c.Configs[0].InitialAdvertisePeerURLs}); err != nil {
+		t.Fatal(err)
+	}
+	c.Configs[0].AllowJoin = true
+	c.Start(0)
+	waitServing(t, ctx, testutil.Client(t, c.Endpoint(0)))
+	c.Join(0, server.Config{})
+	c.Join(0, server.Config{})
+	waitVoters(t, c, 3)
+	for i := range c.Nodes {
+		ci := testutil.Client(t, c.Endpoint(i))
+		for _, k := range memberKeys {
+			r, err := ci.Get(ctx, k)
+			if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "backed up" {
+				t.Fatalf("node %d get %s: %v %v", i, k, r, err)
+			}
+		}
+	}
 }

@@ -47,7 +47,7 @@ func (m *maintenance) RaftStatus() (index, term, applied, leader uint64) {
 
 // errNotAllPartitions: HashKV and Snapshot read this node's storage, which
 // must hold a replica of every partition.
-var errNotAllPartitions = errors.New("brain: this node does not hold a replica of every partition; ask a node that does (see brain_raft_leader in /metrics)")
+var errNotAllPartitions = errors.New("brain: this node does not hold a replica of every partition; ask a node that does (brainnode status lists each partition's voters and learners)")
 
 // closedRevision waits until every partition has closed the current
 // revision and returns it: a consistent cut of the store.

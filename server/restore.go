@@ -139,7 +139,7 @@ func restoreInto(cfg Config, rc RestoreConfig, dir string, data []byte) (_ *snap
 	if err := auth.WriteRestoredState(b, kvapi.MetaGroup, contents.Auth); err != nil {
 		return nil, err
 	}
-	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: 1, Placement: cfg.Placement}
+	id := &identity{Name: cfg.Name, PeerURLs: cfg.InitialAdvertisePeerURLs, SplitPoints: h.SplitPoints, Replicas: cfg.Replicas, Placement: cfg.Placement}
 	id.MemberID = memberID(id.PeerURLs, cfg.InitialClusterToken)
 	id.ClusterID = clusterID([]uint64{id.MemberID})
 	id.Members = []member{{ID: id.MemberID, Name: id.Name, PeerURLs: id.PeerURLs}}
