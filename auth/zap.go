@@ -49,9 +49,20 @@ func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 }
 
 func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
-	c.l.Log(context.Background(), c.level(e.Level), e.Message, append(append([]any(nil), c.attrs...), fieldAttrs(fields)...)...)
+	l := c.level(e.Level)
+	if e.Message == simpleTokenWarning {
+		// etcd warns at every start, auth on or off; brain's docs say it
+		// (docs/security.md), and a warning on every start of a node
+		// without auth teaches operators to ignore warnings.
+		l = slog.LevelInfo
+	}
+	c.l.Log(context.Background(), l, e.Message, append(append([]any(nil), c.attrs...), fieldAttrs(fields)...)...)
 	return nil
 }
+
+// simpleTokenWarning is what etcd's token provider logs when it starts
+// with simple tokens.
+const simpleTokenWarning = "simple token is not cryptographically signed"
 
 func (c *slogCore) Sync() error { return nil }
 
