@@ -15,8 +15,9 @@
 // and without gaps. Each Watch stream (watch.go) has one send loop that owns
 // its watchers, each a cursor into the hub's ring (or, when behind it, into
 // the event logs). Event bytes are encoded once per revision and watch
-// shape and spliced into each watcher's response with the codec in
-// codec.go, so identical watches share the encoding work.
+// shape (hub.go, encodeEvents) and spliced into each watcher's response
+// (watch.go, sendEvents; frame buffers in framebuf.go), so identical
+// watches share the encoding work.
 //
 // # Leaders
 //

@@ -22,9 +22,9 @@
 //     per partition with keys.
 //   - Watch catch-up merges the partitions' event logs by revision.
 //
-// Header revisions follow DESIGN invariant 3: the TSO's current revision,
-// never below any acknowledged write, also for reads at older revisions and
-// for failed compares.
+// Header revisions follow invariant 3 of docs/design.md: the TSO's current
+// revision, never below any acknowledged write, also for reads at older
+// revisions and for failed compares.
 //
 // Requests are routed by a routing table (the partition map, replaced by
 // SetRoutes when partitions split); a partition that no longer covers

@@ -387,7 +387,7 @@ func (s *Store) Partitions() []*partition.Partition {
 func (s *Store) CurrentRevision() int64 { return s.tso.Known() }
 
 // FreshRevision returns the current revision, never below any write
-// acknowledged before the call (DESIGN invariant 3).
+// acknowledged before the call (docs/design.md, invariant 3).
 func (s *Store) FreshRevision(ctx context.Context) (int64, error) {
 	return s.tso.Fresh(ctx)
 }

@@ -837,7 +837,7 @@ func (p *Partition) txnLatched(ctx context.Context, rt *pb.TxnRequest) (*pb.TxnR
 			// deposed without knowing it (paused, partitioned), whose state
 			// lacks writes its successor acknowledged, so the dry run
 			// proves nothing: read at the TSO's current revision (the
-			// header must be it anyway, DESIGN invariant 3) once it is
+			// header must be it anyway, docs/design.md, invariant 3) once it is
 			// closed here. If that read would write, the dry run saw a
 			// stale state: start over.
 			fresh, err := p.freshClosed(ctx)
