@@ -30,6 +30,18 @@ build_kube() {
   log "built $ver in $((SECONDS - start))s"
 }
 
+# build_kube_tool DIR TOOL: one of build_kube's binaries alone (kubectl
+# for a given kube-apiserver), cached the same way.
+build_kube_tool() {
+  local dir=$here/$1 tool=$2 ver out
+  ver=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$dir/go.mod")
+  out=$bin/$ver KBIN=$bin/$ver
+  [ -x "$out/$tool" ] && return
+  log "building $tool $ver (minutes on 2 cores)"
+  mkdir -p "$out"
+  (cd "$dir" && GOFLAGS=-mod=mod GONOSUMDB=k8s.io go build -o "$out/" "k8s.io/kubernetes/cmd/$tool") || die "building $tool $ver failed"
+}
+
 port_free() { ! ss -ltnH "sport = :$1" | grep -q .; }
 
 stop_pid() { # PID NAME: SIGTERM, 20s, then SIGKILL

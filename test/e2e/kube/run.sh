@@ -3,6 +3,11 @@
 # kubectl against a 3-node brain cluster on loopback. See README.md.
 #
 #   test/e2e/kube/run.sh [current|v1.32 ...]     (default: current)
+#   test/e2e/kube/run.sh --kube-apiserver PATH [--kubectl PATH]
+#
+# The first builds kube-apiserver and kubectl of each version directory
+# (cached); the second runs a kube-apiserver binary you have (as downloaded
+# from the Kubernetes releases) and kubectl from --kubectl, PATH, or built.
 #
 # Environment: KEEP=1 keeps the work directory (logs, data) after a pass;
 # E2E_BIN (default test/e2e/kube/.bin) caches the binaries; E2E_WORK (default
@@ -21,7 +26,26 @@ bin=${E2E_BIN:-$here/.bin}
 workroot=${E2E_WORK:-$here/.work}
 event_ttl=${EVENT_TTL:-20s}
 compaction_interval=${COMPACTION_INTERVAL:-10s}
-versions=("$@")
+# --kube-apiserver PATH (and --kubectl PATH): run against binaries you
+# have, as downloaded from the Kubernetes releases, instead of building
+# them; kubectl defaults to the one on PATH, else one built from current/.
+given_apiserver= given_kubectl=
+versions=()
+while [ $# -gt 0 ]; do
+  case $1 in
+  --kube-apiserver) given_apiserver=${2:?--kube-apiserver needs a path}; shift 2 ;;
+  --kube-apiserver=*) given_apiserver=${1#*=}; shift ;;
+  --kubectl) given_kubectl=${2:?--kubectl needs a path}; shift 2 ;;
+  --kubectl=*) given_kubectl=${1#*=}; shift ;;
+  -h|--help) sed -n '2,/^$/p' "$0"; exit 0 ;;
+  -*) echo "unknown option $1 (see $0 --help)" >&2; exit 2 ;;
+  *) versions+=("$1"); shift ;;
+  esac
+done
+if [ -n "$given_apiserver" ]; then
+  [ ${#versions[@]} -eq 0 ] || { echo "--kube-apiserver runs one given binary: name no version directories" >&2; exit 2; }
+  versions=(given)
+fi
 [ ${#versions[@]} -eq 0 ] && versions=(current)
 
 export GOTOOLCHAIN=local
@@ -498,11 +522,30 @@ rolling_restart() {
   if [ "$nl" = 0 ]; then pass "no brain node refused or cancelled a request or stream for want of a leader (brain_no_leader_total)"; else fail "brain answered 'no leader' $nl times during the rolling restart (brain_no_leader_total)"; fi
 }
 
+# use_given_kube: KBIN and KVER from --kube-apiserver (and --kubectl).
+use_given_kube() {
+  [ -x "$given_apiserver" ] || die "--kube-apiserver $given_apiserver: not an executable"
+  local kubectl=$given_kubectl
+  [ -n "$kubectl" ] || kubectl=$(command -v kubectl || true)
+  if [ -z "$kubectl" ]; then
+    log "no --kubectl and no kubectl on PATH: building kubectl from current/"
+    build_kube_tool current kubectl
+    kubectl=$KBIN/kubectl
+  fi
+  [ -x "$kubectl" ] || die "--kubectl $kubectl: not an executable"
+  KVER=$("$given_apiserver" --version 2>/dev/null | awk '{print $2}')
+  [ -n "$KVER" ] || die "$given_apiserver --version printed no version"
+  KBIN=$(mktemp -d)
+  ln -s "$(cd "$(dirname "$given_apiserver")" && pwd)/$(basename "$given_apiserver")" "$KBIN/kube-apiserver"
+  ln -s "$(cd "$(dirname "$kubectl")" && pwd)/$(basename "$kubectl")" "$KBIN/kubectl"
+  log "kube-apiserver $KVER from $given_apiserver, kubectl from $kubectl"
+}
+
 # ---------------------------------------------------------------- main
 build_brain
 rc=0
 for v in "${versions[@]}"; do
-  build_kube "$v"
+  if [ "$v" = given ]; then use_given_kube; else build_kube "$v"; fi
   log "===== kube-apiserver $KVER against ${#NODES[@]} brain nodes"
   setup
   scenario
