@@ -48,7 +48,7 @@ down)
 	;;
 test)
 	compose down -v >/dev/null 2>&1 || true
-	trap 'echo "==> logs"; compose logs --tail=30 || true; compose down -v --rmi local >/dev/null 2>&1 || true' EXIT
+	trap 'echo "==> logs"; compose logs --tail=30 || true; compose down -v --rmi local >/dev/null 2>&1 || true; docker image prune -f --filter label=brain.build-stage=true >/dev/null 2>&1 || true' EXIT
 	build
 	echo "==> running the failover scenario"
 	victim="$(compose ps -q brain1)"
@@ -57,6 +57,7 @@ test)
 		--kill "$victim"
 	trap - EXIT
 	compose down -v --rmi local
+	docker image prune -f --filter label=brain.build-stage=true >/dev/null
 	echo "==> compose test passed"
 	;;
 *)

@@ -77,6 +77,7 @@ run_cmd() {
     fi
     setsid bash -c "$c" >"node-$n.log" 2>&1 &
     portpgid[$port]=$! pgids+=($!)
+    disown $!
     return
   fi
   if [[ $c == for\ * ]]; then # a loop that starts nodes in the background
