@@ -89,6 +89,42 @@ func runAllBenchmarks(t *testing.T, endpoint string) {
 		}
 		checkResult(t, r, cfg.Total)
 	})
+	t.Run("get", func(t *testing.T) {
+		r, err := RunGet(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResult(t, r, cfg.Total)
+	})
+	t.Run("put at a fixed rate with CPU per op", func(t *testing.T) {
+		// 100 puts/s offered for 2 s, the last second measured, after
+		// 300 ms of idle CPU: about 100 puts in the window, each with
+		// the node's (here: this process's) CPU spread over them.
+		c := cfg
+		c.Total, c.Duration, c.MeasureLast = 0, 2*time.Second, time.Second
+		c.OpRate, c.CPU, c.CPUIdle = 100, true, 300*time.Millisecond
+		r, err := RunPut(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Errors != 0 || r.Ops < 80 || r.Ops > 120 || r.OfferedRate != 100 {
+			t.Fatalf("put at 100/s for a 1 s window: %d ops, %d errors (offered %d/s)", r.Ops, r.Errors, r.OfferedRate)
+		}
+		cpu := r.CPU
+		if cpu == nil || len(cpu.Nodes) != 1 || cpu.Nodes[0].Seconds <= 0 || cpu.TotalUsPerOp <= 0 ||
+			cpu.BusiestUsPerOp != cpu.TotalUsPerOp || cpu.IdleSeconds < 0.3 {
+			t.Fatalf("CPU stats %+v", cpu)
+		}
+		n := cpu.Nodes[0]
+		if want := n.Seconds * 1e6 / float64(r.Ops); n.UsPerOp != want {
+			t.Fatalf("µs per op %v, want cpu seconds %v × 1e6 / %d ops = %v", n.UsPerOp, n.Seconds, r.Ops, want)
+		}
+		var out bytes.Buffer
+		printTable(&out, []Result{r})
+		if !bytes.Contains(out.Bytes(), []byte("CPU per op (offered 100/s")) {
+			t.Fatalf("report lacks the CPU line:\n%s", out.String())
+		}
+	})
 	t.Run("list", func(t *testing.T) {
 		c := cfg
 		c.Total = 20

@@ -48,6 +48,21 @@ type Config struct {
 	// failed, so that a dead endpoint does not cost Total timeouts.
 	MaxErrors int64
 
+	// OpRate (--rate of create, update, put, get and list) is the total
+	// operations per second offered, spread over the workers; 0: each
+	// worker runs its operations back to back.
+	OpRate int
+	// CPU (--cpu): read the nodes' process_cpu_seconds_total around the
+	// measured window and report CPU per operation per node; MetricsURLs
+	// (--metrics-urls) are the /metrics URLs to read (default: each
+	// endpoint's); CPUIdle (--cpu-idle) first measures the nodes' CPU
+	// without load for this long.
+	CPU         bool
+	MetricsURLs []string
+	CPUIdle     time.Duration
+	// cpu is the probe of the run's main load (set by runKV).
+	cpu *cpuProbe
+
 	Watchers     int           // watch: number of watch streams
 	Rate         int           // watch: writes per second
 	DrainTimeout time.Duration // watch: how long to wait for stragglers after the writes
@@ -116,6 +131,12 @@ func (c *Config) validate() error {
 		return errors.New("--resource-watchers must not be negative")
 	case c.ResourceWatchers > 0 && len(c.Resources) == 0:
 		return errors.New("--resource-watchers needs --resources")
+	case c.OpRate < 0:
+		return errors.New("--rate must not be negative")
+	case c.CPUIdle < 0:
+		return errors.New("--cpu-idle must not be negative")
+	case !c.CPU && (c.CPUIdle > 0 || len(c.MetricsURLs) > 0):
+		return errors.New("--cpu-idle and --metrics-urls need --cpu")
 	}
 	return nil
 }

@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"bufio"
+	"strings"
+	"testing"
+)
 
 func TestWriteKeySpreadsOverResources(t *testing.T) {
 	c := DefaultConfig()
@@ -24,5 +28,22 @@ func TestHashedNamesSpreadEveryGroup(t *testing.T) {
 	// Consecutive numbers are far apart, whatever the group.
 	if a[15] == b[15] && a[16] == b[16] {
 		t.Fatalf("consecutive keys %q and %q share their first scrambled characters", a, b)
+	}
+}
+
+func TestParseCPUSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{"# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12.5\n", 12.5, true},
+		{"process_cpu_seconds_total_other 3\nprocess_cpu_seconds_total{x=\"y\"} 7\n", 7, true},
+		{"go_goroutines 12\n", 0, false},
+	} {
+		v, ok, err := parseCPUSeconds(bufio.NewScanner(strings.NewReader(tc.in)))
+		if err != nil || ok != tc.ok || v != tc.want {
+			t.Errorf("parse %q: %v %v %v, want %v %v", tc.in, v, ok, err, tc.want, tc.ok)
+		}
 	}
 }

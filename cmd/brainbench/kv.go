@@ -16,6 +16,7 @@ import (
 const (
 	groupUpdate = "update"
 	groupPut    = "put"
+	groupGet    = "get"
 	groupList   = "list"
 )
 
@@ -46,6 +47,20 @@ func RunPut(ctx context.Context, cfg Config) (Result, error) {
 	return runKV(ctx, "put", cfg, nil, func(ctx context.Context, w *worker, seq int64) error {
 		key := cfg.writeKey(groupPut, w.rng.Int64N(int64(cfg.Keys)))
 		_, err := w.cli.Put(ctx, key, string(stamp(w.value, seq)))
+		return err
+	})
+}
+
+// RunGet measures linearizable gets of random keys of a pre-populated key
+// space (kube-apiserver's reads that bypass its watch cache).
+func RunGet(ctx context.Context, cfg Config) (Result, error) {
+	pre := &populate{group: groupGet, n: cfg.Keys}
+	return runKV(ctx, "get", cfg, pre, func(ctx context.Context, w *worker, _ int64) error {
+		key := cfg.writeKey(groupGet, w.rng.Int64N(int64(cfg.Keys)))
+		resp, err := w.cli.Get(ctx, key)
+		if err == nil && len(resp.Kvs) != 1 {
+			err = fmt.Errorf("get %q: %d keys, want the populated one", key, len(resp.Kvs))
+		}
 		return err
 	})
 }
@@ -94,14 +109,36 @@ func runKV(ctx context.Context, name string, cfg Config, pre *populate, op opFun
 			return Result{}, err
 		}
 	}
+	var idle *cpuWindow
+	if cfg.CPU {
+		if cfg.cpu, err = newCPUProbe(cfg); err != nil {
+			return Result{}, err
+		}
+		if cfg.CPUIdle > 0 {
+			if idle, err = cfg.cpu.measureIdle(ctx, cfg.CPUIdle); err != nil {
+				return Result{}, err
+			}
+		}
+	}
 	var rw *resourceWatches
 	if cfg.ResourceWatchers > 0 {
 		if rw, err = openResourceWatches(ctx, cfg); err != nil {
 			return Result{}, err
 		}
 	}
-	s := runLoad(ctx, name, cfg, p, op, nil)
+	var pace paceFunc
+	if cfg.OpRate > 0 {
+		pace = func(seq int64) time.Duration { return time.Duration(seq) * time.Second / time.Duration(cfg.OpRate) }
+	}
+	s := runLoad(ctx, name, cfg, p, op, pace)
 	r := newResult(name, cfg, &s)
+	r.OfferedRate = cfg.OpRate
+	if cfg.cpu != nil {
+		if s.cpuErr != nil {
+			return r, s.cpuErr
+		}
+		r.CPU = cfg.cpu.stats(s.cpu, idle, s.ops)
+	}
 	if rw != nil {
 		// Every successful write is an event for each watch of its
 		// resource; a failed one may have been applied too.

@@ -35,13 +35,11 @@ JSON object per benchmark with --json.`,
 		SilenceUsage: true,
 	}
 	root.AddCommand(
-		benchCmd("create", "kube create: txn put-if-absent of unique keys", defaultsKV, RunCreate, addWindowFlags),
-		benchCmd("update", "kube GuaranteedUpdate: get, then compare-mod-revision-and-put, on a pre-populated key space", defaultsKV, RunUpdate, func(cmd *cobra.Command, cfg *Config) {
-			addUpdateFlags(cmd, cfg)
-			addWindowFlags(cmd, cfg)
-		}),
-		benchCmd("put", "plain puts of random keys of the key space", defaultsKV, RunPut, addWindowFlags),
-		benchCmd("list", "kube paginated list of a pre-populated prefix (one op = one full list)", defaultsList, RunList, addListFlags),
+		benchCmd("create", "kube create: txn put-if-absent of unique keys", defaultsKV, RunCreate, both(addWindowFlags, addCPUFlags)),
+		benchCmd("update", "kube GuaranteedUpdate: get, then compare-mod-revision-and-put, on a pre-populated key space", defaultsKV, RunUpdate, both(addUpdateFlags, addWindowFlags, addCPUFlags)),
+		benchCmd("put", "plain puts of random keys of the key space", defaultsKV, RunPut, both(addWindowFlags, addCPUFlags)),
+		benchCmd("get", "linearizable gets of random keys of a pre-populated key space", defaultsKV, RunGet, both(addWindowFlags, addCPUFlags)),
+		benchCmd("list", "kube paginated list of a pre-populated prefix (one op = one full list)", defaultsList, RunList, both(addListFlags, addCPUFlags)),
 		benchCmd("watch", "watch fan-out: many prev_kv watches on a prefix under a steady write rate", defaultsWatch, RunWatch, addWatchFlags),
 		allCmd(),
 		compareCmd(),
@@ -105,6 +103,25 @@ func addWindowFlags(cmd *cobra.Command, cfg *Config) {
 	f := cmd.Flags()
 	f.DurationVar(&cfg.MeasureLast, "measure-last", 0, "measure only the operations that end in the last this much of --duration (needs --total 0): the load before it is a ramp the store adapts to (splits, leader moves); 0: measure the whole run")
 	f.StringVar(&cfg.WindowFile, "window-file", "", "with --measure-last: create this file when the measured window begins, for a script to sample the store's own counters at the same moment")
+}
+
+// both returns a flag registration that runs each of fs.
+func both(fs ...func(*cobra.Command, *Config)) func(*cobra.Command, *Config) {
+	return func(cmd *cobra.Command, cfg *Config) {
+		for _, f := range fs {
+			f(cmd, cfg)
+		}
+	}
+}
+
+// addCPUFlags registers the flags of a fixed-rate, CPU-per-operation
+// measurement.
+func addCPUFlags(cmd *cobra.Command, cfg *Config) {
+	f := cmd.Flags()
+	f.IntVar(&cfg.OpRate, "rate", 0, "operations per second offered, in total over the workers (0: each worker back to back); at a fixed rate CPU per operation is comparable between runs and systems")
+	f.BoolVar(&cfg.CPU, "cpu", false, "read every node's process_cpu_seconds_total from /metrics at the start and end of the measured window and report CPU microseconds per operation per node, the cluster total and the busiest node")
+	f.StringSliceVar(&cfg.MetricsURLs, "metrics-urls", nil, "with --cpu: the nodes' /metrics URLs (default: http://<endpoint>/metrics for each endpoint)")
+	f.DurationVar(&cfg.CPUIdle, "cpu-idle", 0, "with --cpu: first measure each node's CPU for this long without load (reported as idle cores)")
 }
 
 func addListFlags(cmd *cobra.Command, cfg *Config) {

@@ -46,6 +46,21 @@ func printDetails(out io.Writer, r *Result) {
 	if r.UnmeasuredOps+r.UnmeasuredErrors > 0 {
 		fmt.Fprintf(out, "%s: measured the last %.2f s; %d operations (%d failed) ended outside it\n", r.Name, r.Seconds, r.UnmeasuredOps+r.UnmeasuredErrors, r.UnmeasuredErrors)
 	}
+	if c := r.CPU; c != nil {
+		rate := "back to back"
+		if r.OfferedRate > 0 {
+			rate = fmt.Sprintf("offered %d/s", r.OfferedRate)
+		}
+		fmt.Fprintf(out, "%s: CPU per op (%s, %.0f/s acknowledged): cluster %.0f µs, busiest node %.0f µs (%s)\n",
+			r.Name, rate, r.Throughput, c.TotalUsPerOp, c.BusiestUsPerOp, c.Busiest)
+		for _, n := range busiestFirst(c.Nodes) {
+			idle := ""
+			if c.IdleSeconds > 0 {
+				idle = fmt.Sprintf(", idle %.3f cores", n.IdleCores)
+			}
+			fmt.Fprintf(out, "%s:   %s: %.0f µs/op, %.3f cores%s\n", r.Name, n.Metrics, n.UsPerOp, n.Cores, idle)
+		}
+	}
 	if r.Conflicts > 0 {
 		fmt.Fprintf(out, "%s: %d conflicts retried\n", r.Name, r.Conflicts)
 	}

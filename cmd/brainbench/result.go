@@ -44,6 +44,11 @@ type Result struct {
 	KeysPerList int64 `json:"keys_per_list,omitempty"` // list: keys in the last full list
 	Pages       int64 `json:"pages_per_list,omitempty"`
 
+	// OfferedRate is --rate (operations per second offered; 0: as fast
+	// as the workers go); CPU is what the nodes spent (--cpu).
+	OfferedRate int       `json:"offered_rate,omitempty"`
+	CPU         *CPUStats `json:"cpu,omitempty"`
+
 	Watch *WatchStats `json:"watch,omitempty"`
 	// ResourceWatches: the watches kube-apiservers keep open while they
 	// write (--resource-watchers).

@@ -111,6 +111,10 @@ type loadStats struct {
 	// window or after it (the load's in-flight operations draining),
 	// successful and failed; the fields above count the window's only.
 	unmeasured, unmeasuredErrors int64
+	// cpu holds the nodes' CPU counters around the measured window
+	// (cfg.cpu set); cpuErr says why they could not be read.
+	cpu    *cpuWindow
+	cpuErr error
 }
 
 // window is the span of time whose operations a load measures: those that
@@ -154,6 +158,7 @@ func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, p
 			defer mark.Stop()
 		}
 	}
+	cpu := startCPU(ctx, cfg.cpu, win)
 	stopProgress := startProgress(cfg.Progress, name, "ops/s", cfg.Total, &done)
 	var wg sync.WaitGroup
 	for _, w := range workers {
@@ -181,7 +186,83 @@ func runLoad(ctx context.Context, name string, cfg Config, p *pool, op opFunc, p
 		elapsed = max(0, min(elapsed, win.to.Sub(start))-win.from.Sub(start))
 	}
 	stopProgress()
-	return collect(workers, elapsed)
+	s := collect(workers, elapsed)
+	s.cpu, s.cpuErr = cpu.finish(ctx)
+	return s
+}
+
+// cpuRecorder samples a probe at the start and end of a load's measured
+// window: the whole load, or the --measure-last window (sampled by timers
+// at its edges, or at the load's end if it ended early).
+type cpuRecorder struct {
+	probe        *cpuProbe
+	mu           sync.Mutex
+	w            cpuWindow
+	err          error
+	begin, end   *time.Timer
+	began, ended bool
+}
+
+func startCPU(ctx context.Context, probe *cpuProbe, win window) *cpuRecorder {
+	r := &cpuRecorder{probe: probe}
+	if probe == nil {
+		return r
+	}
+	if win.from.IsZero() {
+		r.sampleBegin(ctx)
+		return r
+	}
+	r.begin = time.AfterFunc(time.Until(win.from), func() { r.sampleBegin(ctx) })
+	r.end = time.AfterFunc(time.Until(win.to), func() { r.sampleEnd(ctx) })
+	return r
+}
+
+func (r *cpuRecorder) sampleBegin(ctx context.Context) {
+	v, err := r.probe.sample(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.w.before, r.w.from, r.began = v, time.Now(), true
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *cpuRecorder) sampleEnd(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return
+	}
+	v, err := r.probe.sample(ctx)
+	r.w.after, r.w.to, r.ended = v, time.Now(), true
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+// finish returns the window's samples once both are taken (sampling the
+// end now if the load ended before its timer).
+func (r *cpuRecorder) finish(ctx context.Context) (*cpuWindow, error) {
+	if r.probe == nil {
+		return nil, nil
+	}
+	if r.begin != nil && r.begin.Stop() {
+		return nil, fmt.Errorf("--cpu: the load ended before its measured window began")
+	}
+	if r.end != nil {
+		r.end.Stop()
+	}
+	r.sampleEnd(ctx) // no-op if the timer took it
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return nil, r.err
+	}
+	if !r.began {
+		return nil, fmt.Errorf("--cpu: the window's first sample is missing")
+	}
+	w := r.w
+	return &w, nil
 }
 
 // markWindow creates path, saying that the measured window begins now (a
