@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# compare.sh benchmarks brain against the reference etcd 3.6 side by side.
+# compare.sh benchmarks brain against the reference etcd (3.7) side by side.
 #
-# It builds brainnode, etcdref (etcd 3.6 from go.etcd.io/etcd/server/v3/embed)
+# It builds brainnode, etcdref (etcd 3.7 from go.etcd.io/etcd/server/v3/embed)
 # and brainbench; starts a brain cluster of NODES nodes on free loopback
 # ports with fresh data directories, runs `brainbench all` and `brainbench
 # watch` against it (clients spread over every node), stops it, does the
@@ -49,107 +49,9 @@ parse_flags "${args[@]}"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-compare.XXXXXX")
 BIN=${BIN_DIR:-$WORK/bin}
-declare -A PID=()
-FAILED=0
 
-say() { echo "== $*" >&2; }
-
-# stop_server sends SIGTERM to a server and waits up to 30 s for it; a
-# server that does not exit cleanly counts as a failure.
-stop_server() {
-	local name=$1 pid=${PID[$1]:-}
-	[[ -n $pid ]] || return 0
-	unset "PID[$name]"
-	kill -TERM "$pid" 2>/dev/null || true
-	for _ in $(seq 300); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	if kill -0 "$pid" 2>/dev/null; then
-		say "$name (pid $pid) did not stop within 30s after SIGTERM; killing it"
-		kill -KILL "$pid" 2>/dev/null || true
-		FAILED=1
-	fi
-	local rc=0
-	wait "$pid" 2>/dev/null || rc=$?
-	if [[ $rc -ne 0 ]]; then
-		say "$name exited with status $rc after SIGTERM (log: $WORK/$name.log)"
-		FAILED=1
-	fi
-}
-
-cleanup() {
-	local name
-	for name in "${!PID[@]}"; do
-		stop_server "$name"
-	done
-	if [[ $KEEP == 1 ]]; then
-		say "kept $WORK"
-	else
-		rm -rf "$WORK"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start_server NAME ENDPOINT CMD...: start a server in the background.
-start_server() {
-	local name=$1 endpoint=$2
-	shift 2
-	say "starting $name on $endpoint"
-	"$@" >"$WORK/$name.log" 2>&1 &
-	PID[$name]=$!
-}
-
-# wait_ready NAME ENDPOINTS: wait until the cluster serves through every
-# endpoint.
-wait_ready() {
-	local name=$1 ep
-	for ep in ${2//,/ }; do
-		if ! "$BIN/brainbench" wait --endpoints "$ep" --timeout 60s; then
-			say "$name did not become ready on $ep; last log lines:"
-			tail -n 20 "$WORK/$name"*.log >&2
-			exit 1
-		fi
-	done
-}
-
-# start_cluster KIND: start NODES members of brain or etcd; sets EPS to
-# their client endpoints, comma separated.
-start_cluster() {
-	local kind=$1 i initial="" eps=()
-	local -a ports
-	mapfile -t ports < <("$BIN/brainbench" free-ports -n $((2 * NODES)))
-	for ((i = 0; i < NODES; i++)); do
-		initial+="${initial:+,}$kind$i=http://127.0.0.1:${ports[2 * i + 1]}"
-		eps+=("127.0.0.1:${ports[2 * i]}")
-	done
-	for ((i = 0; i < NODES; i++)); do
-		local ep=${eps[i]} peer=http://127.0.0.1:${ports[2 * i + 1]}
-		local name=$kind$i
-		[[ $NODES -eq 1 ]] && name=$kind
-		if [[ $kind == brain ]]; then
-			start_server "$name" "$ep" "$BIN/brainnode" --name "$kind$i" --data-dir "$WORK/$name.data" \
-				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA" --log-level warn
-		else
-			start_server "$name" "$ep" "$BIN/etcdref" --name "$kind$i" --data-dir "$WORK/$name.data" \
-				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" \
-				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA"
-		fi
-	done
-	EPS=$(IFS=,; echo "${eps[*]}")
-	wait_ready "$kind" "$EPS"
-}
-
-# stop_cluster KIND: stop every member of the cluster.
-stop_cluster() {
-	local name
-	for name in "${!PID[@]}"; do
-		[[ $name == "$1"* ]] && stop_server "$name"
-	done
-	return 0
-}
+# shellcheck source=bench/cluster.sh
+source "$(dirname "$0")/cluster.sh"
 
 # run_benchmarks NAME ENDPOINT: run all and watch, appending JSON results
 # to $WORK/NAME.jsonl; failures are recorded, not fatal.
@@ -180,7 +82,7 @@ run_benchmarks() {
 say "building into $BIN"
 mkdir -p "$BIN"
 (cd "$ROOT" && go build -o "$BIN/brainnode" ./cmd/brainnode &&
-	go build -o "$BIN/etcdref" ./cmd/etcdref &&
+	(cd cmd/etcdref && GOWORK=off go build -o "$BIN/etcdref" .) &&
 	go build -o "$BIN/brainbench" ./cmd/brainbench)
 
 say "parameters: $NODES node(s) per cluster, clients $CLIENTS, conns $CONNS, value $VALUE_SIZE B, $(nproc) CPUs"
@@ -196,7 +98,7 @@ say "etcd data: $(du -sch "$WORK"/etcd*.data | tail -1 | cut -f1)"
 stop_cluster etcd
 
 echo
-echo "brain vs etcd 3.6 (thru ratio > 1: brain faster; p99 ratio < 1: brain lower latency)"
+echo "brain vs etcd 3.7 (thru ratio > 1: brain faster; p99 ratio < 1: brain lower latency)"
 "$BIN/brainbench" compare --names brain,etcd "$WORK/brain.jsonl" "$WORK/etcd.jsonl" || FAILED=1
 
 if [[ $FAILED -ne 0 ]]; then

@@ -32,6 +32,8 @@ type CPUStats struct {
 	TotalUsPerOp   float64 `json:"total_us_per_op"`
 	BusiestUsPerOp float64 `json:"busiest_us_per_op"`
 	Busiest        string  `json:"busiest"`
+	// BusiestNetUsPerOp is the largest NetUsPerOp (with an idle window).
+	BusiestNetUsPerOp float64 `json:"busiest_net_us_per_op,omitempty"`
 	// IdleSeconds is the length of the idle window (0: not measured).
 	IdleSeconds float64 `json:"idle_seconds,omitempty"`
 }
@@ -45,6 +47,9 @@ type NodeCPU struct {
 	// core busy); IdleCores the same without load.
 	Cores     float64 `json:"cores"`
 	IdleCores float64 `json:"idle_cores,omitempty"`
+	// NetUsPerOp is UsPerOp less what the node spends idle over the same
+	// time (0 without an idle window): the cost of the load itself.
+	NetUsPerOp float64 `json:"net_us_per_op,omitempty"`
 }
 
 // cpuProbe reads the nodes' CPU counters.
@@ -162,6 +167,10 @@ func (p *cpuProbe) stats(w, idle *cpuWindow, ops int64) *CPUStats {
 			if d := idle.to.Sub(idle.from).Seconds(); d > 0 {
 				n.IdleCores = (idle.after[i] - idle.before[i]) / d
 				s.IdleSeconds = d
+				if ops > 0 {
+					n.NetUsPerOp = (n.Seconds - n.IdleCores*secs) * 1e6 / float64(ops)
+				}
+				s.BusiestNetUsPerOp = max(s.BusiestNetUsPerOp, n.NetUsPerOp)
 			}
 		}
 		s.TotalUsPerOp += n.UsPerOp

@@ -39,13 +39,14 @@ JSON object per benchmark with --json.`,
 		benchCmd("update", "kube GuaranteedUpdate: get, then compare-mod-revision-and-put, on a pre-populated key space", defaultsKV, RunUpdate, both(addUpdateFlags, addWindowFlags, addCPUFlags)),
 		benchCmd("put", "plain puts of random keys of the key space", defaultsKV, RunPut, both(addWindowFlags, addCPUFlags)),
 		benchCmd("get", "linearizable gets of random keys of a pre-populated key space", defaultsKV, RunGet, both(addWindowFlags, addCPUFlags)),
-		benchCmd("list", "kube paginated list of a pre-populated prefix (one op = one full list)", defaultsList, RunList, both(addListFlags, addCPUFlags)),
+		benchCmd("list", "kube paginated list of a pre-populated prefix (one op = one full list)", defaultsList, RunList, both(addListFlags, addWindowFlags, addCPUFlags)),
 		benchCmd("watch", "watch fan-out: many prev_kv watches on a prefix under a steady write rate", defaultsWatch, RunWatch, addWatchFlags),
 		allCmd(),
 		compareCmd(),
 		freePortsCmd(),
 		waitCmd(),
 		overloadCmd(),
+		cpuTableCmd(),
 	)
 	return root
 }

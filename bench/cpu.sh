@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# cpu.sh measures CPU per operation per node, brain beside etcd (etcdref:
+# etcd 3.7 from go.etcd.io/etcd/server/v3/embed), at a fixed offered rate.
+#
+# Throughput on a small shared host moves by ±20% between runs; the CPU a
+# store spends per acknowledged operation at a rate both systems sustain
+# does not. For each cluster size, for ROUNDS rounds, alternating which
+# system goes first, it starts a fresh cluster (one process per member on
+# loopback), and runs each benchmark with brainbench --rate --cpu: an idle
+# window first (each node's CPU without load), then DURATION of load at
+# RATE operations per second spread over every node's endpoint, of which
+# the last MEASURE is measured. Then it prints one table: medians over the
+# rounds of acknowledged ops/s, CPU µs per op on the busiest node and in
+# total, p99, and brain/etcd ratios, with the projected capacity with
+# equal cores per node (etcd busiest ÷ brain busiest), and each node's
+# share.
+#
+#   bench/cpu.sh                          # 1 and 3 nodes, 3 rounds
+#   bench/cpu.sh --sizes "1 3 6" --rounds 5 --rate 600
+#
+# Every parameter can be set as an environment variable or as a flag; run
+# bench/cpu.sh --help for the list. The JSON results stay in the work dir
+# with --keep.
+set -euo pipefail
+
+SIZES=${SIZES:-"1 3"}           # cluster sizes, each measured for both systems
+ROUNDS=${ROUNDS:-3}             # alternating rounds per size
+MODES=${MODES:-"create update put get list"}
+RATE=${RATE:-500}               # create, update, put, get: operations/s offered
+LIST_RATE=${LIST_RATE:-10}      # full lists/s offered
+DURATION=${DURATION:-20s}       # load per benchmark
+MEASURE=${MEASURE:-10s}         # the measured end of it
+IDLE=${IDLE:-5s}                # idle window before each benchmark
+CLIENTS=${CLIENTS:-64}
+CONNS=${CONNS:-12}
+VALUE_SIZE=${VALUE_SIZE:-1024}
+KEYS=${KEYS:-5000}              # update, put, get, list key space
+RESOURCES=${RESOURCES:-configmaps,events,leases,pods}
+QUOTA=${QUOTA:-8589934592}
+BIN_DIR=${BIN_DIR:-}
+KEEP=${KEEP:-0}
+
+FLAG_VARS="SIZES ROUNDS MODES RATE LIST_RATE DURATION MEASURE IDLE CLIENTS CONNS VALUE_SIZE KEYS RESOURCES QUOTA BIN_DIR KEEP"
+# shellcheck source=bench/flags.sh
+source "$(dirname "$0")/flags.sh"
+args=()
+for a in "$@"; do
+	if [[ $a == --keep ]]; then KEEP=1; else args+=("$a"); fi
+done
+parse_flags "${args[@]}"
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-cpu.XXXXXX")
+BIN=${BIN_DIR:-$WORK/bin}
+NODES=1
+# shellcheck source=bench/cluster.sh
+source "$(dirname "$0")/cluster.sh"
+
+say "building into $BIN"
+mkdir -p "$BIN" "$WORK/results"
+(cd "$ROOT" && go build -o "$BIN/brainnode" ./cmd/brainnode &&
+	(cd cmd/etcdref && GOWORK=off go build -o "$BIN/etcdref" .) &&
+	go build -o "$BIN/brainbench" ./cmd/brainbench)
+
+ETCD_VERSION=
+# measure KIND: one round of every benchmark on a fresh KIND cluster.
+measure() {
+	local kind=$1 mode rate
+	start_cluster "$kind"
+	if [[ $kind == etcd && -z $ETCD_VERSION ]]; then
+		ETCD_VERSION=$(curl -s -m 5 "http://${EPS%%,*}/version" | sed -n 's/.*"etcdserver":"\([^"]*\)".*/\1/p')
+	fi
+	for mode in $MODES; do
+		rate=$RATE
+		[[ $mode == list ]] && rate=$LIST_RATE
+		say "$kind, $NODES node(s): $mode at $rate/s for $DURATION (last $MEASURE measured, $IDLE idle first)"
+		local extra=()
+		[[ $mode == list ]] || extra=(--resources "$RESOURCES")
+		[[ $mode == create ]] || extra+=(--keys "$KEYS")
+		"$BIN/brainbench" "$mode" --endpoints "$EPS" --clients "$CLIENTS" --conns "$CONNS" \
+			--value-size "$VALUE_SIZE" --total 0 --duration "$DURATION" --measure-last "$MEASURE" \
+			--rate "$rate" --cpu --cpu-idle "$IDLE" --quiet "${extra[@]}" \
+			--json-out "$WORK/results/$kind-$NODES.jsonl" >"$WORK/$kind-$NODES-$mode.txt" ||
+			{ say "$kind $mode FAILED:"; cat "$WORK/$kind-$NODES-$mode.txt" >&2; FAILED=1; }
+	done
+	stop_cluster "$kind"
+	rm -rf "$WORK"/"$kind"*.data
+}
+
+say "parameters: sizes $SIZES, $ROUNDS rounds, rate $RATE/s (list $LIST_RATE/s), $DURATION per benchmark (last $MEASURE measured), $(nproc) CPUs"
+for NODES in $SIZES; do
+	for ((round = 1; round <= ROUNDS; round++)); do
+		if ((round % 2)); then order="brain etcd"; else order="etcd brain"; fi
+		for kind in $order; do
+			measure "$kind"
+		done
+	done
+done
+
+echo
+"$BIN/brainbench" cpu-table --etcd-version "$ETCD_VERSION" "$WORK"/results/*.jsonl
+if [[ $FAILED -ne 0 ]]; then
+	say "FAILED: see the messages above"
+	exit 1
+fi
