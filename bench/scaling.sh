@@ -226,7 +226,7 @@ trap 'exit 130' INT TERM
 say "building static binaries and images into $BIN"
 mkdir -p "$BIN/brain" "$BIN/etcd"
 (cd "$ROOT" && CGO_ENABLED=0 go build -o "$BIN/brain/server" ./cmd/brainnode &&
-	CGO_ENABLED=0 go build -o "$BIN/etcd/server" ./cmd/etcdref &&
+	(cd cmd/etcdref && GOWORK=off CGO_ENABLED=0 go build -o "$BIN/etcd/server" .) &&
 	go build -o "$BIN/brainbench" ./cmd/brainbench)
 KINDS="brain etcd"
 if [[ -n $AGAINST ]]; then

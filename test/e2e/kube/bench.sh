@@ -128,7 +128,7 @@ bench_backend() { # BACKEND ROUND
 
 mkdir -p "$bin" "$workroot"
 log "building brainnode, etcdref, etcdcheck and kubeload"
-(cd "$root" && go build -o "$bin/brainnode" ./cmd/brainnode && go build -o "$bin/etcdref" ./cmd/etcdref &&
+(cd "$root" && go build -o "$bin/brainnode" ./cmd/brainnode && (cd cmd/etcdref && GOWORK=off go build -o "$bin/etcdref" .) &&
   go build -o "$bin/etcdcheck" ./test/e2e/kube/etcdcheck && go build -o "$bin/kubeload" ./test/e2e/kube/kubeload) ||
   die "build failed"
 build_kube "$version"
