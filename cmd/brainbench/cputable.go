@@ -134,4 +134,3 @@ func printCPUTable(out io.Writer, rows []*cpuRow, etcdVersion string) {
 		}
 	}
 }
-
