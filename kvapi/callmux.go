@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/brainkv/brain/internal/workers"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -389,10 +388,11 @@ func (m *callMux) fail(err error) {
 	}
 }
 
-// serveCalls serves a Calls stream: every call runs on one of callWorkers'
-// goroutines (calls do not wait for each other) and its answer joins the
+// serveCalls serves a Calls stream: every call runs on one of the node's
+// call workers (calls do not wait for each other) and its answer joins the
 // next frame back.
-func serveCalls(h Handler, stream grpc.ServerStream) error {
+func (is *internalServer) serveCalls(stream grpc.ServerStream) error {
+	h := is.Handler
 	ctx, cancelAll := context.WithCancel(stream.Context())
 	defer cancelAll()
 	var (
@@ -444,7 +444,7 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 				cancels[e.id] = cancel
 				mu.Unlock()
 				id := e.id
-				callWorkers.Go(func() {
+				is.calls.Go(func() {
 					res, err := h.HandleCall(cctx, &req)
 					body, _ := answer(h, &req, res, err).Marshal()
 					mu.Lock()
@@ -458,10 +458,6 @@ func serveCalls(h Handler, stream grpc.ServerStream) error {
 		}
 	}
 }
-
-// callWorkers run the calls of every Calls stream a node serves, on
-// goroutines whose stacks stay grown from call to call.
-var callWorkers = workers.New(256, 10*time.Second)
 
 // answer is the response to req: its result, or its error's code.
 func answer(h Handler, req *CallRequest, res []byte, err error) *CallResponse {

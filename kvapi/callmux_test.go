@@ -77,7 +77,7 @@ func serveInternal(t testing.TB, h Handler, desc *grpc.ServiceDesc, opts ...grpc
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(append(rpccodec.PeerServerOptions(), opts...)...)
-	srv.RegisterService(desc, h)
+	srv.RegisterService(desc, newInternalServer(h))
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 	addr := l.Addr().String()

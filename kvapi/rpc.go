@@ -13,6 +13,7 @@ import (
 
 	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
+	"github.com/brainkv/brain/internal/workers"
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
@@ -273,7 +274,7 @@ var internalServiceDesc = grpc.ServiceDesc{
 			if err := dec(&req); err != nil {
 				return nil, err
 			}
-			h := srv.(Handler)
+			h := srv.(*internalServer).Handler
 			call := func(ctx context.Context, r any) (any, error) {
 				req := r.(*CallRequest)
 				res, err := h.HandleCall(ctx, req)
@@ -289,19 +290,31 @@ var internalServiceDesc = grpc.ServiceDesc{
 	Streams: []grpc.StreamDesc{{
 		StreamName:    "Feed",
 		ServerStreams: true,
-		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(Handler).ServeFeed(stream) },
+		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(*internalServer).Handler.ServeFeed(stream) },
 	}, {
 		StreamName:    "Calls",
 		ServerStreams: true,
 		ClientStreams: true,
-		Handler:       func(srv any, stream grpc.ServerStream) error { return serveCalls(srv.(Handler), stream) },
+		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(*internalServer).serveCalls(stream) },
 	}},
 	Metadata: "brain/internal",
 }
 
 // RegisterInternalService serves h on s.
 func RegisterInternalService(s *grpc.Server, h Handler) {
-	s.RegisterService(&internalServiceDesc, h)
+	s.RegisterService(&internalServiceDesc, newInternalServer(h))
+}
+
+func newInternalServer(h Handler) *internalServer {
+	return &internalServer{Handler: h, calls: workers.New(256, 10*time.Second)}
+}
+
+// internalServer is what one node serves its internal service with.
+type internalServer struct {
+	Handler
+	// calls run the calls of every Calls stream the node serves, on
+	// goroutines whose stacks stay grown from call to call.
+	calls *workers.Pool
 }
 
 // Client calls other nodes' internal service over the node's shared peer

@@ -262,7 +262,7 @@ func roleStore(t *testing.T, handlers map[uint64]*roleHandler, hint uint64) *Sto
 			t.Fatal(err)
 		}
 		srv := grpc.NewServer(rpccodec.PeerServerOptions()...)
-		srv.RegisterService(&internalServiceDesc, h)
+		srv.RegisterService(&internalServiceDesc, newInternalServer(h))
 		go srv.Serve(l)
 		t.Cleanup(srv.Stop)
 		addrs[id] = l.Addr().String()

@@ -163,6 +163,10 @@ type Config struct {
 	LeaderBalanceInterval time.Duration
 	// FastGossip uses memberlist's local-network timings (tests).
 	FastGossip bool
+	// TestingLocalSplitKeys (tests only; default defaultLocalSplitKeys)
+	// is the most keys a partition splitting by load or size may hold for
+	// its new half to be placed anywhere (see keepVoters).
+	TestingLocalSplitKeys int
 	// Join (--join) is a member's client URL: a node with a new store
 	// asks it to add this node to the cluster (etcd's MemberAdd) and joins
 	// (implies --initial-cluster-state=existing).
@@ -301,6 +305,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.DeadNodeTimeout == 0 {
 		c.DeadNodeTimeout = time.Minute
+	}
+	if c.TestingLocalSplitKeys == 0 {
+		c.TestingLocalSplitKeys = defaultLocalSplitKeys
 	}
 	if c.ReplicaCheckInterval == 0 {
 		c.ReplicaCheckInterval = time.Second

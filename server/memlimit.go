@@ -34,9 +34,9 @@ func SetMemoryLimit(ratio float64, provider memlimit.Provider, log *slog.Logger)
 	return memlimit.Set(memlimit.WithRatio(ratio), memlimit.WithProvider(provider), memlimit.WithLogger(log))
 }
 
-// CgroupMemoryLimit is the memory limit of this process's cgroup
+// CgroupMemoryLimit returns the memory limit of this process's cgroup
 // (SetMemoryLimit's provider in brainnode).
-var CgroupMemoryLimit memlimit.Provider = memlimit.FromCgroup
+func CgroupMemoryLimit() (uint64, error) { return memlimit.FromCgroup() }
 
 // NewLogger returns brain's structured logger to stderr at level (debug,
 // info, warn or error; others mean info) in format (text, json, or empty:

@@ -360,7 +360,7 @@ type drainer interface {
 //   - prefer, if not 0 (the node a split for balance hands the half to);
 //   - a live node;
 //   - if keep is not empty, a placement whose voters are all in keep
-//     (the parent's voters: see localSplitKeys);
+//     (the parent's voters: see keepVoters);
 //   - the node fewest split partitions prefer, so they spread over the
 //     nodes by count;
 //   - the placement whose nodes hold the fewest replicas of split

@@ -526,7 +526,7 @@ func TestSplitsSpreadOverNodes(t *testing.T) {
 }
 
 // TestLargeSplitKeepsItsVoters: a partition holding more than
-// localSplitKeys keys (here 100) that splits by size gives its new half
+// Config.TestingLocalSplitKeys keys (here 100) that splits by size gives its new half
 // an ID placed on the parent's voters, so none of the half's replicas
 // moves. Placed by the counts of split partitions per node instead, the
 // half of a 6-node cluster's partition goes to the other copyset
@@ -537,10 +537,7 @@ func TestLargeSplitKeepsItsVoters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 6-node cluster")
 	}
-	// Registered before the cluster's cleanup, so it runs after the
-	// nodes stopped.
-	t.Cleanup(server.SetLocalSplitKeys(100))
-	c := testutil.StartCluster(t, 6, server.Config{SplitKeys: 300, SplitWindow: 300 * time.Millisecond,
+	c := testutil.StartCluster(t, 6, server.Config{SplitKeys: 300, SplitWindow: 300 * time.Millisecond, TestingLocalSplitKeys: 100,
 		RebalanceInterval: 500 * time.Millisecond, InitialSplitPoints: []string{"/registry/pods/"}})
 	ctx := context.Background()
 	cl := testutil.Client(t, c.Endpoint(0))

@@ -265,7 +265,7 @@ func (s *Server) reportSplits() {
 // the load of fewer is too concentrated to spread by splitting.
 const minLoadSplitKeys = 64
 
-// localSplitKeys is the most keys a partition that splits by load or size
+// defaultLocalSplitKeys is the most keys a partition that splits by load or size
 // may hold for its new half to be placed anywhere (childPlacement, by the
 // counts of split partitions per node). A larger one's half keeps the
 // parent's voters, and only its leadership moves: a half placed on other
@@ -277,15 +277,15 @@ const minLoadSplitKeys = 64
 // ran. Small partitions (the first splits of a hot range) still spread
 // over the copysets by count, where a move is cheap; later the busiest
 // node evens out the copysets' loads by a split across placements
-// (splitAcross), which moves one half, measured by load, at a time. A
-// variable only for tests (SetLocalSplitKeys in export_test.go).
-var localSplitKeys = 4096
+// (splitAcross), which moves one half, measured by load, at a time. Tests
+// set another (Config.TestingLocalSplitKeys).
+const defaultLocalSplitKeys = 4096
 
 // keepVoters returns the voters a split of p (by load or size) should
-// give its new half: p's, if p holds more than localSplitKeys keys; nil
-// (anywhere) otherwise.
+// give its new half: p's, if p holds more than defaultLocalSplitKeys keys
+// (or Config.TestingLocalSplitKeys); nil (anywhere) otherwise.
 func (s *Server) keepVoters(p *partition.Partition) []uint64 {
-	if p.Keys() <= localSplitKeys {
+	if p.Keys() <= s.cfg.TestingLocalSplitKeys {
 		return nil
 	}
 	g := s.host.Group(p.ID())
