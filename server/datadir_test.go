@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brainkv/brain/internal/testutil"
 	"github.com/brainkv/brain/server"
@@ -70,5 +71,25 @@ func TestFailedStartOfANewStoreLeavesNoDataDir(t *testing.T) {
 	after, err := os.ReadDir(existing)
 	if err != nil || len(after) != len(before) || len(after) == 0 {
 		t.Fatalf("a failed start of an existing store changed its data dir: %v -> %v (%v)", before, after, err)
+	}
+}
+
+// TestJoinToNothingFailsFast: --join naming an address nothing listens on
+// fails within seconds, saying so, and leaves no data directory.
+func TestJoinToNothingFailsFast(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "joiner")
+	peer := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePortPair(t))
+	dead := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
+	start := time.Now()
+	_, err := server.New(server.Config{Name: "joiner", DataDir: dir, ListenPeerURLs: []string{peer}, InitialAdvertisePeerURLs: []string{peer},
+		ListenClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))}, Join: dead, Logger: testutil.Quiet()})
+	if err == nil || !strings.Contains(err.Error(), "no member answers at "+dead) {
+		t.Fatalf("join to nothing: %v", err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("join to nothing failed after %v", took)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a failed join left its data dir: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -323,8 +324,14 @@ func addSelf(ctx context.Context, clientURL string, creds credentials.TransportC
 	// etcd's does; etcdctl users retry those, and so does a joining node.
 	// An add that did happen before the error makes the retry find the
 	// peer URLs taken (FailedPrecondition), answered from the member list.
+	// A member that cannot be reached at all (nothing listens there, a
+	// wrong address) fails the join within joinDialTimeout.
+	start := time.Now()
 	resp, err := c.MemberAdd(ctx, &pb.MemberAddRequest{PeerURLs: peerURLs})
 	for backoff := 100 * time.Millisecond; status.Code(err) == codes.Unavailable; backoff = min(2*backoff, 2*time.Second) {
+		if conn.GetState() != connectivity.Ready && time.Since(start) > joinDialTimeout {
+			return nil, 0, fmt.Errorf("no member answers at %s within %v: %s", clientURL, joinDialTimeout, status.Convert(err).Message())
+		}
 		select {
 		case <-ctx.Done():
 			return nil, 0, err
@@ -344,6 +351,11 @@ func addSelf(ctx context.Context, clientURL string, creds credentials.TransportC
 	}
 	return resp.Members, resp.Member.GetID(), nil
 }
+
+// joinDialTimeout bounds the wait for a --join member that cannot be
+// reached; a reachable one that answers Unavailable (a leader change) is
+// retried up to the join's own deadline.
+const joinDialTimeout = 5 * time.Second
 
 // removeAdded undoes addSelf's MemberAdd after a join failed, so the
 // cluster keeps no member that never started.
