@@ -32,6 +32,11 @@ func (s *Server) loadOrCreateIdentity() error {
 		if fmt.Sprint(id.SplitPoints) != fmt.Sprint(cfg.InitialSplitPoints) {
 			s.log.Warn("--initial-split-points differ from the store's; using the store's", "store", id.SplitPoints)
 		}
+		if fmt.Sprint(id.PeerURLs) != fmt.Sprint(cfg.InitialAdvertisePeerURLs) {
+			// The member's peer URLs are fixed when its store is created
+			// (its ID derives from them); the other members reach it there.
+			s.log.Warn("--initial-advertise-peer-urls differ from the store's; the store's stay this member's peer URLs", "store", id.PeerURLs, "flag", cfg.InitialAdvertisePeerURLs)
+		}
 		s.id = id
 		if cfg.AllowJoin && !s.clustered() {
 			s.id.Clustered = true

@@ -5,9 +5,13 @@ import (
 	"time"
 )
 
-// msDuration is a duration flag that also accepts a bare number of
-// milliseconds, as etcd's --heartbeat-interval and --election-timeout do.
-type msDuration struct{ d *time.Duration }
+// msDuration is a duration flag that also accepts a bare number of unit
+// (milliseconds, as etcd's --heartbeat-interval and --election-timeout
+// take; seconds for --auth-token-ttl).
+type msDuration struct {
+	d    *time.Duration
+	unit time.Duration // 0: milliseconds
+}
 
 func (m msDuration) String() string {
 	if m.d == nil || *m.d == 0 {
@@ -18,7 +22,11 @@ func (m msDuration) String() string {
 
 func (m msDuration) Set(s string) error {
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		*m.d = time.Duration(n) * time.Millisecond
+		unit := m.unit
+		if unit == 0 {
+			unit = time.Millisecond
+		}
+		*m.d = time.Duration(n) * unit
 		return nil
 	}
 	d, err := time.ParseDuration(s)
