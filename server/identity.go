@@ -36,6 +36,10 @@ type identity struct {
 	// Clustered: a one-member store started with --allow-join, which
 	// serves peers and gossip from then on.
 	Clustered bool `json:"clustered,omitempty"`
+	// Removed: this member learned it was removed from the cluster; the
+	// store never serves again (etcd: "the member has been permanently
+	// removed from the cluster").
+	Removed bool `json:"removed,omitempty"`
 }
 
 // placement returns the cluster's placement scheme.

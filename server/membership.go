@@ -25,6 +25,9 @@ func (s *Server) loadOrCreateIdentity() error {
 		return err
 	}
 	if id != nil {
+		if id.Removed {
+			return fmt.Errorf("server: this member (%s) was removed from the cluster; its store cannot serve again: to add the node back, start it with a new --data-dir and --join", formatID(id.MemberID))
+		}
 		if len(id.Members) == 0 { // a store created before clusters existed
 			id.Members = []member{{ID: id.MemberID, Name: id.Name, PeerURLs: id.PeerURLs}}
 			id.Replicas = 1

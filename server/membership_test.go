@@ -486,7 +486,8 @@ func TestMoveLeaderReportsTheOutcome(t *testing.T) {
 // TestClusterMemberRemove removes a member of a 4-node cluster with etcd's
 // MemberRemove: MemberList drops it, every group's replicas leave it (the
 // others re-create them), the removed node learns of its removal (and
-// would stop), and the cluster keeps serving.
+// would stop) and never starts again on its store, and the cluster keeps
+// serving.
 func TestClusterMemberRemove(t *testing.T) {
 	c, ctx, cl := startServing(t, 4, server.Config{}, 90*time.Second)
 	victim := c.Nodes[3]
@@ -507,6 +508,14 @@ func TestClusterMemberRemove(t *testing.T) {
 		t.Fatal("the removed node did not learn of its removal")
 	}
 	c.Stop(3)
+	// Restarted on its store, the removed member refuses to come back
+	// (it would have rejoined MemberList as itself).
+	if s, err := server.New(c.Configs[3]); err == nil {
+		s.Stop()
+		t.Fatal("the removed member started again on its store")
+	} else if !strings.Contains(err.Error(), "was removed from the cluster") {
+		t.Fatalf("restarting the removed member: %v, want a refusal saying it was removed", err)
+	}
 	eventually(t, 60*time.Second, "every group dropped the removed member", func() (bool, string) {
 		ok, state := groupsWithout(c, id, 3)
 		// The TSO and meta groups must not keep it as a learner either.

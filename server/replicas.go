@@ -9,6 +9,7 @@ import (
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
+	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -230,6 +231,19 @@ func (s *Server) checkMembership(id uint64) {
 func (s *Server) markRemoved() {
 	s.removedOnce.Do(func() {
 		s.log.Warn("this member was removed from the cluster; stopping")
+		// Recorded, so that a restart on this store does not come back
+		// as the member (its meta replica, which says so, is deleted).
+		id := *s.id // s.id is read without locks: saved as a copy
+		id.Removed = true
+		b := s.db.NewBatch()
+		err := saveIdentity(b, &id)
+		if err == nil {
+			err = b.Commit(pebble.Sync)
+		}
+		b.Close()
+		if err != nil {
+			s.log.Error("could not record the removal in the store", "err", err)
+		}
 		close(s.removed)
 	})
 }
