@@ -40,11 +40,7 @@ KEEP=${KEEP:-0}                   # 1: keep the temp dir (data, logs, JSON)
 FLAG_VARS="CLIENTS CONNS VALUE_SIZE TOTAL LIST_TOTAL KEYS PAGE_SIZE WATCHERS RATE WATCH_DURATION WATCH_KEYS SEED NODES RESOURCES QUOTA BIN_DIR KEEP"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
-args=()
-for a in "$@"; do
-	if [[ $a == --keep ]]; then KEEP=1; else args+=("$a"); fi
-done
-parse_flags "${args[@]}"
+parse_flags "$@"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-compare.XXXXXX")

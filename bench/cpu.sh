@@ -43,11 +43,7 @@ KEEP=${KEEP:-0}
 FLAG_VARS="SIZES ROUNDS MODES RATE LIST_RATE DURATION MEASURE IDLE CLIENTS CONNS VALUE_SIZE KEYS RESOURCES QUOTA BIN_DIR KEEP"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
-args=()
-for a in "$@"; do
-	if [[ $a == --keep ]]; then KEEP=1; else args+=("$a"); fi
-done
-parse_flags "${args[@]}"
+parse_flags "$@"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/brain-cpu.XXXXXX")

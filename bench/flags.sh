@@ -5,7 +5,7 @@
 #     source "$(dirname "$0")/flags.sh"; parse_flags "$@"
 #
 # --help prints the script's header comment and every flag with its value.
-# A script may handle flags of its own first (see compare.sh's --keep).
+# --keep alone sets KEEP=1 in a script whose FLAG_VARS has KEEP.
 
 usage() {
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -23,6 +23,11 @@ parse_flags() {
 	while [[ $# -gt 0 ]]; do
 		case $1 in
 		-h | --help) usage; exit 0 ;;
+		--keep) # a bare flag, in the scripts that have KEEP
+			[[ " $FLAG_VARS " == *" KEEP "* ]] || { echo "$me: unknown flag $1 (see --help)" >&2; exit 2; }
+			KEEP=1
+			shift
+			;;
 		--*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;;
 		--*)
 			[[ $# -ge 2 ]] || { echo "$me: $1 needs a value" >&2; exit 2; }

@@ -80,15 +80,7 @@ func TestSingleNodeGrowsIntoCluster(t *testing.T) {
 
 	// The data written on the single node is served by every node, and a
 	// write through a joined node is read through the first.
-	for i := range c.Nodes {
-		ci := testutil.Client(t, c.Endpoint(i))
-		for _, k := range memberKeys {
-			r, err := ci.Get(ctx, k)
-			if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "before" {
-				t.Fatalf("node %d get %s: %v %v", i, k, r, err)
-			}
-		}
-	}
+	everyNodeReads(t, ctx, c, "before")
 	c3 := testutil.Client(t, c.Endpoint(2))
 	if _, err := c3.Put(ctx, "after", "3"); err != nil {
 		t.Fatal(err)
@@ -190,12 +182,19 @@ func TestRestoredStoreGrowsIntoCluster(t *testing.T) {
 	c.Join(0, server.Config{})
 	c.Join(0, server.Config{})
 	waitVoters(t, c, 3)
+	everyNodeReads(t, ctx, c, "backed up")
+}
+
+// everyNodeReads checks that every node of c reads value at each of
+// memberKeys.
+func everyNodeReads(t *testing.T, ctx context.Context, c *testutil.Cluster, value string) {
+	t.Helper()
 	for i := range c.Nodes {
 		ci := testutil.Client(t, c.Endpoint(i))
 		for _, k := range memberKeys {
 			r, err := ci.Get(ctx, k)
-			if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "backed up" {
-				t.Fatalf("node %d get %s: %v %v", i, k, r, err)
+			if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != value {
+				t.Fatalf("node %d get %s: %v %v, want %q", i, k, r, err, value)
 			}
 		}
 	}

@@ -376,10 +376,13 @@ func removeAdded(clientURL string, creds credentials.TransportCredentials, id ui
 }
 
 // saveIdentity persists the node's identity.
-func (s *Server) saveIdentity() error {
+func (s *Server) saveIdentity() error { return s.persistIdentity(s.id) }
+
+// persistIdentity writes id as the node's identity, synced.
+func (s *Server) persistIdentity(id *identity) error {
 	b := s.db.NewBatch()
 	defer b.Close()
-	if err := saveIdentity(b, s.id); err != nil {
+	if err := saveIdentity(b, id); err != nil {
 		return err
 	}
 	return b.Commit(pebble.Sync)

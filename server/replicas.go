@@ -9,7 +9,6 @@ import (
 	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"github.com/brainkv/brain/raftgroup"
-	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -235,13 +234,7 @@ func (s *Server) markRemoved() {
 		// as the member (its meta replica, which says so, is deleted).
 		id := *s.id // s.id is read without locks: saved as a copy
 		id.Removed = true
-		b := s.db.NewBatch()
-		err := saveIdentity(b, &id)
-		if err == nil {
-			err = b.Commit(pebble.Sync)
-		}
-		b.Close()
-		if err != nil {
+		if err := s.persistIdentity(&id); err != nil {
 			s.log.Error("could not record the removal in the store", "err", err)
 		}
 		close(s.removed)

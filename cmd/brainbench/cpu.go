@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -202,14 +203,6 @@ func (p *cpuProbe) measureIdle(ctx context.Context, d time.Duration) (*cpuWindow
 // busiestFirst orders nodes by CPU per op, busiest first (for reports).
 func busiestFirst(nodes []NodeCPU) []NodeCPU {
 	out := slices.Clone(nodes)
-	slices.SortStableFunc(out, func(a, b NodeCPU) int {
-		switch {
-		case a.UsPerOp > b.UsPerOp:
-			return -1
-		case a.UsPerOp < b.UsPerOp:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b NodeCPU) int { return cmp.Compare(b.UsPerOp, a.UsPerOp) })
 	return out
 }
