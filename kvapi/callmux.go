@@ -400,9 +400,34 @@ func (is *internalServer) serveCalls(stream grpc.ServerStream) error {
 		cancels = make(map[uint64]context.CancelFunc) // protected by mu
 		q       = newSendQueue(&mu)
 		sendErr = make(chan error, 1)
+		// owed counts the calls received and not yet answered on the
+		// stream (is counts them for its drain); ended: the stream is
+		// over, its calls' answers are dropped. Both protected by mu.
+		owed  int
+		ended bool
 	)
+	defer func() {
+		mu.Lock()
+		ended = true
+		left := owed
+		owed = 0
+		mu.Unlock()
+		is.end(left)
+	}()
+	send := func(m any) error {
+		err := stream.SendMsg(m)
+		n := len(m.(*callFrame).entries)
+		mu.Lock()
+		if ended {
+			n = 0
+		}
+		owed -= n
+		mu.Unlock()
+		is.end(n)
+		return err
+	}
 	go func() {
-		if err := q.run(ctx, stream.SendMsg, nil); err != nil {
+		if err := q.run(ctx, send, nil); err != nil {
 			sendErr <- err
 			cancelAll()
 		}
@@ -442,14 +467,18 @@ func (is *internalServer) serveCalls(stream grpc.ServerStream) error {
 				}
 				mu.Lock()
 				cancels[e.id] = cancel
+				owed++
 				mu.Unlock()
+				is.begin(1)
 				id := e.id
 				is.calls.Go(func() {
 					res, err := h.HandleCall(cctx, &req)
 					body, _ := answer(h, &req, res, err).Marshal()
 					mu.Lock()
 					delete(cancels, id)
-					q.out = append(q.out, callEntry{kind: callEntryResponse, id: id, body: body})
+					if !ended {
+						q.out = append(q.out, callEntry{kind: callEntryResponse, id: id, body: body})
+					}
 					mu.Unlock()
 					cancel()
 					q.signal()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,12 +73,18 @@ func (s countingStream) RecvMsg(m any) error {
 // loopback port and returns a client to it, as node 1.
 func serveInternal(t testing.TB, h Handler, desc *grpc.ServiceDesc, opts ...grpc.ServerOption) (*Client, *grpc.Server) {
 	t.Helper()
+	return serveInternalServer(t, newInternalServer(h), desc, opts...)
+}
+
+// serveInternalServer is serveInternal serving is.
+func serveInternalServer(t testing.TB, is *internalServer, desc *grpc.ServiceDesc, opts ...grpc.ServerOption) (*Client, *grpc.Server) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(append(rpccodec.PeerServerOptions(), opts...)...)
-	srv.RegisterService(desc, newInternalServer(h))
+	srv.RegisterService(desc, is)
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 	addr := l.Addr().String()
@@ -325,4 +332,78 @@ func BenchmarkCall(b *testing.B) {
 			}
 		})
 	}
+}
+
+// gateHandler holds every call until it is released: started gets a value
+// as each call begins.
+type gateHandler struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (h *gateHandler) HandleCall(ctx context.Context, req *CallRequest) ([]byte, error) {
+	h.started <- struct{}{}
+	select {
+	case <-h.release:
+		return append([]byte("done:"), req.Args...), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (h *gateHandler) LeaderOf(uint64) uint64            { return 0 }
+func (h *gateHandler) ServeFeed(grpc.ServerStream) error { return nil }
+
+// TestDrainWaitsForCallsUnderWay checks the drain a stopping node runs
+// before closing its peer connections: it does not return while a call
+// (streamed or unary) is under way, returns once each is answered, and
+// the callers have their real answers (a forwarded write is not failed as
+// "leader changed" because its node stopped). A stream that breaks with
+// calls under way does not hold the drain.
+func TestDrainWaitsForCallsUnderWay(t *testing.T) {
+	h := &gateHandler{started: make(chan struct{}, 4), release: make(chan struct{})}
+	is := newInternalServer(h)
+	c, srv := serveInternalServer(t, is, &internalServiceDesc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := is.drain(ctx); err != nil {
+		t.Fatalf("drain with nothing under way: %v", err)
+	}
+	answers := make(chan string, 2)
+	for _, op := range []Op{OpPut, OpScan} { // streamed, unary
+		go func() {
+			res, err := c.Call(ctx, 1, &CallRequest{Op: op, Args: []byte(op.String())})
+			answers <- fmt.Sprintf("%s %v", res, err)
+		}()
+		<-h.started
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if err := is.drain(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain with two calls under way: %v, want it to wait until its deadline", err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- is.drain(ctx) }()
+	close(h.release)
+	if err := <-drained; err != nil {
+		t.Fatalf("drain after the calls were answered: %v", err)
+	}
+	got := []string{<-answers, <-answers}
+	slices.Sort(got)
+	if want := []string{"done:" + OpPut.String() + " <nil>", "done:" + OpScan.String() + " <nil>"}; !slices.Equal(got, want) {
+		t.Fatalf("answers %q, want %q", got, want)
+	}
+
+	// A call whose stream breaks does not hold the drain.
+	h2 := &gateHandler{started: make(chan struct{}, 1), release: make(chan struct{})}
+	is2 := newInternalServer(h2)
+	c2, srv2 := serveInternalServer(t, is2, &internalServiceDesc)
+	go func() { _, _ = c2.Call(ctx, 1, &CallRequest{Op: OpPut}) }()
+	<-h2.started
+	srv2.Stop()
+	if err := is2.drain(ctx); err != nil {
+		t.Fatalf("drain after the stream broke: %v", err)
+	}
+	close(h2.release)
+	srv.Stop()
 }

@@ -274,7 +274,10 @@ var internalServiceDesc = grpc.ServiceDesc{
 			if err := dec(&req); err != nil {
 				return nil, err
 			}
-			h := srv.(*internalServer).Handler
+			is := srv.(*internalServer)
+			h := is.Handler
+			is.begin(1)
+			defer is.end(1)
 			call := func(ctx context.Context, r any) (any, error) {
 				req := r.(*CallRequest)
 				res, err := h.HandleCall(ctx, req)
@@ -300,9 +303,15 @@ var internalServiceDesc = grpc.ServiceDesc{
 	Metadata: "brain/internal",
 }
 
-// RegisterInternalService serves h on s.
-func RegisterInternalService(s *grpc.Server, h Handler) {
-	s.RegisterService(&internalServiceDesc, newInternalServer(h))
+// RegisterInternalService serves h on s. The function it returns drains
+// the service before s stops: it waits, until ctx ends, for the calls under
+// way to be answered (a forwarded write that has reached this node gets its
+// outcome rather than a broken stream, which its caller could only answer
+// with "leader changed").
+func RegisterInternalService(s *grpc.Server, h Handler) (drain func(ctx context.Context) error) {
+	is := newInternalServer(h)
+	s.RegisterService(&internalServiceDesc, is)
+	return is.drain
 }
 
 func newInternalServer(h Handler) *internalServer {
@@ -315,6 +324,51 @@ type internalServer struct {
 	// calls run the calls of every Calls stream the node serves, on
 	// goroutines whose stacks stay grown from call to call.
 	calls *workers.Pool
+
+	mu       sync.Mutex
+	inflight int           // calls received and not yet answered; protected by mu
+	idle     chan struct{} // closed when inflight is 0 after drain began; protected by mu
+}
+
+// begin counts n calls received.
+func (is *internalServer) begin(n int) {
+	is.mu.Lock()
+	is.inflight += n
+	is.mu.Unlock()
+}
+
+// end counts n calls answered (or given up with their stream).
+func (is *internalServer) end(n int) {
+	if n == 0 {
+		return
+	}
+	is.mu.Lock()
+	is.inflight -= n
+	if is.inflight == 0 && is.idle != nil {
+		close(is.idle)
+		is.idle = nil
+	}
+	is.mu.Unlock()
+}
+
+// drain waits until no call is under way, or ctx ends (its error).
+func (is *internalServer) drain(ctx context.Context) error {
+	is.mu.Lock()
+	if is.inflight == 0 {
+		is.mu.Unlock()
+		return nil
+	}
+	if is.idle == nil {
+		is.idle = make(chan struct{})
+	}
+	idle := is.idle
+	is.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Client calls other nodes' internal service over the node's shared peer

@@ -91,6 +91,9 @@ type Server struct {
 	transport  *raftgroup.GRPCTransport
 	rpc        *kvapi.Client
 	peerGRPC   *grpc.Server
+	// drainCalls waits for the internal calls under way (Stop, before
+	// peerGRPC stops).
+	drainCalls func(context.Context) error
 
 	listeners []net.Listener
 	clientLs  []boundListener // bound by listen, served by serve
@@ -938,7 +941,7 @@ func (s *Server) servePeers() error {
 	}
 	s.peerGRPC = grpc.NewServer(opts...)
 	raftgroup.RegisterService(s.peerGRPC, s.host)
-	kvapi.RegisterInternalService(s.peerGRPC, countingHandler{s.store, s.internalCalls, s.feedSent})
+	s.drainCalls = kvapi.RegisterInternalService(s.peerGRPC, countingHandler{s.store, s.internalCalls, s.feedSent})
 	for _, u := range s.cfg.ListenPeerURLs {
 		addr, err := listenAddr(u)
 		if err != nil {
@@ -1084,6 +1087,17 @@ func (s *Server) Stop() {
 		}
 		if s.membership != nil && s.host != nil {
 			s.handOffLeadership()
+		}
+		if s.drainCalls != nil {
+			// Calls other nodes forwarded here get their answers before
+			// the peer connections close: a write under way when the
+			// leadership moved learns its fate (raftgroup's
+			// ProposeAsyncFate) instead of breaking its caller's stream.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := s.drainCalls(ctx); err != nil {
+				s.log.Warn("stopping with calls from other nodes still under way; their writes are answered \"leader changed\"", "err", err)
+			}
+			cancel()
 		}
 		if s.peerGRPC != nil {
 			s.peerGRPC.Stop()
