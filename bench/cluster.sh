@@ -1,7 +1,8 @@
 # Sourced by bench/compare.sh and bench/cpu.sh: start and stop brain and
 # etcd (etcdref) clusters on free loopback ports, one process per member.
 # Expects NODES, QUOTA, BIN (brainnode, etcdref, brainbench), WORK (data and
-# logs), KEEP, and declares PID (name -> pid) and FAILED.
+# logs), KEEP, optionally PROFILE (non-empty: servers serve /debug/pprof),
+# and declares PID (name -> pid) and FAILED.
 declare -A PID=()
 FAILED=0
 
@@ -77,6 +78,8 @@ start_cluster() {
 		initial+="${initial:+,}$kind$i=http://127.0.0.1:${ports[2 * i + 1]}"
 		eps+=("127.0.0.1:${ports[2 * i]}")
 	done
+	local extra=()
+	[[ -n ${PROFILE:-} ]] && extra=(--enable-pprof)
 	for ((i = 0; i < NODES; i++)); do
 		local ep=${eps[i]} peer=http://127.0.0.1:${ports[2 * i + 1]}
 		local name=$kind$i
@@ -84,11 +87,11 @@ start_cluster() {
 		if [[ $kind == brain ]]; then
 			start_server "$name" "$ep" "$BIN/brainnode" --name "$kind$i" --data-dir "$WORK/$name.data" \
 				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
-				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA" --log-level warn
+				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA" --log-level warn "${extra[@]}"
 		else
 			start_server "$name" "$ep" "$BIN/etcdref" --name "$kind$i" --data-dir "$WORK/$name.data" \
 				--listen-client-urls "http://$ep" --listen-peer-urls "$peer" \
-				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA"
+				--initial-cluster "$initial" --quota-backend-bytes "$QUOTA" "${extra[@]}"
 		fi
 	done
 	EPS=$(IFS=,; echo "${eps[*]}")

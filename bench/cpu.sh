@@ -17,6 +17,13 @@
 #
 #   bench/cpu.sh                          # 1 and 3 nodes, 3 rounds
 #   bench/cpu.sh --sizes "1 3 6" --rounds 5 --rate 600
+#   bench/cpu.sh --sizes 3 --rounds 1 --modes create --profile DIR
+#
+# With --profile DIR, every node serves /debug/pprof and, during the
+# measured window of each PROFILE_MODES benchmark, a CPU profile of each
+# node is saved as DIR/<system>-<nodes>-r<round>-<mode>-n<i>.pprof, with
+# brain's /brain/v1/status of each node beside it (which groups it leads:
+# its role).
 #
 # Every parameter can be set as an environment variable or as a flag; run
 # bench/cpu.sh --help for the list. The JSON results stay in the work dir
@@ -39,8 +46,10 @@ RESOURCES=${RESOURCES:-configmaps,events,leases,pods}
 QUOTA=${QUOTA:-8589934592}
 BIN_DIR=${BIN_DIR:-}
 KEEP=${KEEP:-0}
+PROFILE=${PROFILE:-}            # a directory: save CPU profiles of every node there
+PROFILE_MODES=${PROFILE_MODES:-create}
 
-FLAG_VARS="SIZES ROUNDS MODES RATE LIST_RATE DURATION MEASURE IDLE CLIENTS CONNS VALUE_SIZE KEYS RESOURCES QUOTA BIN_DIR KEEP"
+FLAG_VARS="SIZES ROUNDS MODES RATE LIST_RATE DURATION MEASURE IDLE CLIENTS CONNS VALUE_SIZE KEYS RESOURCES QUOTA BIN_DIR KEEP PROFILE PROFILE_MODES"
 # shellcheck source=bench/flags.sh
 source "$(dirname "$0")/flags.sh"
 parse_flags "$@"
@@ -53,10 +62,39 @@ NODES=1
 source "$(dirname "$0")/cluster.sh"
 
 say "building into $BIN"
-mkdir -p "$BIN" "$WORK/results"
+mkdir -p "$BIN" "$WORK/results" ${PROFILE:+"$PROFILE"}
 (cd "$ROOT" && go build -o "$BIN/brainnode" ./cmd/brainnode &&
 	(cd cmd/etcdref && GOWORK=off go build -o "$BIN/etcdref" .) &&
 	go build -o "$BIN/brainbench" ./cmd/brainbench)
+
+# seconds D: the whole seconds of a duration given as N, Ns or Nm.
+seconds() {
+	case $1 in
+	*m) echo $((${1%m} * 60)) ;;
+	*s) echo "${1%s}" ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# profile_window NAME: once the benchmark started at the same moment
+# reaches its measured window (after IDLE and DURATION-MEASURE), save a
+# CPU profile of the window from every endpoint in EPS, and brain's status.
+profile_window() {
+	local name=$1 i=0 ep pids=()
+	sleep $(($(seconds "$IDLE") + $(seconds "$DURATION") - $(seconds "$MEASURE")))
+	for ep in ${EPS//,/ }; do
+		curl -sf -m $(($(seconds "$MEASURE") + 20)) -o "$PROFILE/$name-n$i.pprof" \
+			"http://$ep/debug/pprof/profile?seconds=$(seconds "$MEASURE")" &
+		pids+=($!)
+		if [[ $name == brain* ]]; then
+			curl -sf -m 5 -o "$PROFILE/$name-n$i.status.json" "http://$ep/brain/v1/status" || true
+		fi
+		i=$((i + 1))
+	done
+	local rc=0 p
+	for p in "${pids[@]}"; do wait "$p" || rc=1; done
+	return $rc
+}
 
 ETCD_VERSION=
 # measure KIND: one round of every benchmark on a fresh KIND cluster.
@@ -73,11 +111,17 @@ measure() {
 		local extra=()
 		[[ $mode == list ]] || extra=(--resources "$RESOURCES")
 		[[ $mode == create ]] || extra+=(--keys "$KEYS")
+		local profiler=
+		if [[ -n $PROFILE && " $PROFILE_MODES " == *" $mode "* ]]; then
+			profile_window "$kind-$NODES-r$round-$mode" &
+			profiler=$!
+		fi
 		"$BIN/brainbench" "$mode" --endpoints "$EPS" --clients "$CLIENTS" --conns "$CONNS" \
 			--value-size "$VALUE_SIZE" --total 0 --duration "$DURATION" --measure-last "$MEASURE" \
 			--rate "$rate" --cpu --cpu-idle "$IDLE" --quiet "${extra[@]}" \
 			--json-out "$WORK/results/$kind-$NODES.jsonl" >"$WORK/$kind-$NODES-$mode.txt" ||
 			{ say "$kind $mode FAILED:"; cat "$WORK/$kind-$NODES-$mode.txt" >&2; FAILED=1; }
+		[[ -z $profiler ]] || wait "$profiler" || { say "profiling $kind $mode FAILED"; FAILED=1; }
 	done
 	stop_cluster "$kind"
 	rm -rf "$WORK"/"$kind"*.data

@@ -47,6 +47,7 @@ JSON object per benchmark with --json.`,
 		waitCmd(),
 		overloadCmd(),
 		cpuTableCmd(),
+		costTableCmd(),
 	)
 	return root
 }

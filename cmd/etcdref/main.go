@@ -30,13 +30,14 @@ type flags struct {
 	quotaBytes   int64
 	readyTimeout time.Duration
 	cluster      string
+	pprof        bool
 }
 
 func rootCmd() *cobra.Command {
 	var fl flags
 	cmd := &cobra.Command{
 		Use:          "etcdref",
-		Short:        "etcdref runs a reference etcd 3.6 member (embed)",
+		Short:        "etcdref runs a reference etcd member (embed, the version go.mod pins)",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -56,6 +57,7 @@ func rootCmd() *cobra.Command {
 	f.StringSliceVar(&fl.advPeer, "initial-advertise-peer-urls", nil, "peer URLs to advertise (default: --listen-peer-urls)")
 	f.Int64Var(&fl.quotaBytes, "quota-backend-bytes", 0, "backend size that raises the NOSPACE alarm (0: etcd's default, 2 GiB)")
 	f.DurationVar(&fl.readyTimeout, "ready-timeout", time.Minute, "give up if the server is not ready after this long")
+	f.BoolVar(&fl.pprof, "enable-pprof", false, "serve runtime profiling data at /debug/pprof/ on the client URLs")
 	f.StringVar(&fl.cluster, "initial-cluster", "", "name=peerURL,... of a new cluster's members (default: this member alone)")
 	return cmd
 }
@@ -91,6 +93,7 @@ func (fl *flags) config() (*embed.Config, error) {
 		cfg.InitialCluster = fl.cluster
 	}
 	cfg.QuotaBackendBytes = fl.quotaBytes
+	cfg.EnablePprof = fl.pprof
 	cfg.LogLevel = "warn"
 	return cfg, cfg.Validate()
 }
