@@ -755,3 +755,77 @@ func TestTwoWritesOfAKeyInOneTxnHavePrevKvsBeforeIt(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// closes counts the close commands the harness's partition applied.
+func (h *harness) closes(t *testing.T) int {
+	t.Helper()
+	h.sm.mu.Lock()
+	defer h.sm.mu.Unlock()
+	n := 0
+	for _, e := range h.sm.ents {
+		if len(e.Data) == 0 {
+			continue
+		}
+		c, err := decodeCommand(e.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.kind == cmdClose {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLeaderRequestCloseSoon checks a leader's RequestCloseSoon (what its
+// node's watch hub asks for every revision another partition applied): it
+// proposes no close while the partition's own writes close the revision
+// within the grace, and one close, of the highest revision wanted, when
+// they do not. Proposing at once made a close entry per partition for
+// nearly every write elsewhere.
+func TestLeaderRequestCloseSoon(t *testing.T) {
+	h := newHarness(t)
+	grace := 200 * time.Millisecond
+	h.p.leaderSoon.grace, h.p.leaderSoon.maxWait = grace, grace
+	ctx := context.Background()
+	if _, err := h.p.Txn(ctx, put("a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	base := h.closes(t)
+
+	// Another partition wrote revision cur+1; this partition writes
+	// within the grace, and its write carries the closed revision.
+	other, _ := h.revs.Next(ctx, 1)
+	h.p.RequestCloseSoon(other)
+	if _, err := h.p.Txn(ctx, put("b", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.p.Closed(); c < other {
+		t.Fatalf("closed %d after a write, want at least %d", c, other)
+	}
+	time.Sleep(2 * grace)
+	if n := h.closes(t) - base; n != 0 {
+		t.Fatalf("%d close entries proposed while the partition's writes closed the revision, want 0", n)
+	}
+
+	// Now the partition is idle: one close, of the highest revision wanted,
+	// after the grace.
+	first, _ := h.revs.Next(ctx, 1)
+	last, _ := h.revs.Next(ctx, 1)
+	asked := time.Now()
+	h.p.RequestCloseSoon(first)
+	h.p.RequestCloseSoon(last)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.p.Closed() < last {
+		if time.Now().After(deadline) {
+			t.Fatalf("revision %d wanted closed is not after 10s (closed %d)", last, h.p.Closed())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if waited := time.Since(asked); waited < grace/2 {
+		t.Fatalf("closed after %v, before the grace %v", waited, grace)
+	}
+	if n := h.closes(t) - base; n != 1 {
+		t.Fatalf("%d close entries for two revisions wanted together, want 1", n)
+	}
+}
