@@ -23,21 +23,6 @@ import (
 // most waits end in asking (see BenchmarkCreate in ./server).
 const closeGrace = 50 * time.Millisecond
 
-// leaderCloseGrace is how long a partition's leader waits for its own
-// writes to close a revision its node's watch hub wants before it
-// proposes a close for it (newLeaderCloseSoon). Proposing at once made a
-// chain of closes on every partition while any other took writes: with
-// creates spread over four partitions at 500/s, three raft entries and
-// 1.75 log syncs per create on one node, and 1.8 entries per create and
-// 2 syncs per create on each of 3 nodes; waiting, one entry and one sync.
-const leaderCloseGrace = 10 * time.Millisecond
-
-// leaderMaxCloseWait bounds a leader's wait, which is longer than
-// leaderCloseGrace when the partition's closed revision moves more slowly
-// (CloseSoon.waitLocked): the watch latency a partition taking writes
-// adds at most.
-const leaderMaxCloseWait = 25 * time.Millisecond
-
 // maxCloseWait bounds a CloseSoon's wait.
 const maxCloseWait = 500 * time.Millisecond
 
@@ -48,25 +33,22 @@ const maxCloseWait = 500 * time.Millisecond
 // its watches by a wait only once per closeProbeEvery.
 const closeProbeEvery = time.Second
 
-// CloseSoon decides when a revision the watch frontier wants is asked to
-// close: by a node that does not lead the partition, of the leader; by the
-// leader, through its log. While the leader
+// CloseSoon decides when a node that does not lead a partition asks the
+// leader to close a revision for the watch frontier. While the leader
 // closes the wanted revisions by itself, a request waits for the closed
 // revision to reach it (waitLocked, again each time it moves) and asks
 // the leader only if it stops short; requests meanwhile are coalesced
 // into one, of the highest revision. Once a wait in which the closed
 // revision did not move at all ended in asking, requests ask at once, but
-// for one wait every closeProbeEvery. A partition's leader uses one
-// (newLeaderCloseSoon) before it proposes a close, a
+// for one wait every closeProbeEvery. A
 // follower replica uses one with its applied closed revision
 // (Partition.RequestCloseSoon), a node without a replica with the closed
 // revisions its remote feed delivers (kvapi). Progress requests and
 // readers waiting on a revision ask at once instead.
 type CloseSoon struct {
-	grace   time.Duration
-	maxWait time.Duration // a wait's bound (maxCloseWait)
-	probe   time.Duration
-	ask     func(rev int64)
+	grace time.Duration
+	probe time.Duration
+	ask   func(rev int64)
 
 	closed atomic.Int64 // the closed revision seen last
 
@@ -84,18 +66,7 @@ type CloseSoon struct {
 // NewCloseSoon returns a CloseSoon that asks the leader with ask (which
 // must not block for long).
 func NewCloseSoon(ask func(rev int64)) *CloseSoon {
-	return &CloseSoon{grace: closeGrace, maxWait: maxCloseWait, probe: closeProbeEvery, ask: ask}
-}
-
-// newLeaderCloseSoon returns the CloseSoon a partition's leader uses for
-// the revisions its own node's watch hub wants closed: it waits
-// leaderCloseGrace (up to leaderMaxCloseWait when the partition's closed
-// revision moves more slowly) for the partition's own writes, which carry
-// closed revisions, to close them before it proposes a close; an idle
-// partition (a wait in which its closed revision did not move) is closed
-// at once, as a follower asks at once.
-func newLeaderCloseSoon(ask func(rev int64)) *CloseSoon {
-	return &CloseSoon{grace: leaderCloseGrace, maxWait: leaderMaxCloseWait, probe: closeProbeEvery, ask: ask}
+	return &CloseSoon{grace: closeGrace, probe: closeProbeEvery, ask: ask}
 }
 
 // Closed records that the partition's closed revision is rev.
@@ -120,7 +91,7 @@ func (c *CloseSoon) Closed(rev int64) {
 // to move if longer (a loaded cluster closes less often, and asking would
 // not close sooner), at most maxCloseWait.
 func (c *CloseSoon) waitLocked() time.Duration {
-	return min(max(c.grace, 4*c.pace), c.maxWait)
+	return min(max(c.grace, 4*c.pace), maxCloseWait)
 }
 
 // Request wants rev closed.

@@ -229,9 +229,6 @@ type Partition struct {
 	// soon decides when a follower forwards RequestCloseSoon; it sees
 	// every applied closed revision.
 	soon *CloseSoon
-	// leaderSoon decides when the leader proposes a close RequestCloseSoon
-	// asked for; it too sees the closed revisions applied.
-	leaderSoon *CloseSoon
 
 	gc gcState
 
@@ -271,13 +268,11 @@ func New(cfg Config) (*Partition, error) {
 	p.prop.inflight = list.New()
 	p.load.rng = cfg.ID*0x9E3779B97F4A7C15 | 1
 	p.prop.unapplied = make(map[int64]int)
-	ask := func(rev int64) {
+	p.soon = NewCloseSoon(func(rev int64) {
 		if !p.stopped.Load() {
 			p.RequestClose(rev)
 		}
-	}
-	p.soon = NewCloseSoon(ask)
-	p.leaderSoon = newLeaderCloseSoon(ask)
+	})
 	p.sp.Store(&span{start: cfg.Start, end: cfg.End})
 	if err := p.loadSpan(cfg.Start != nil || cfg.End != nil); err != nil {
 		return nil, err
@@ -395,7 +390,6 @@ func (p *Partition) published(evs RevEvents, closed int64) {
 	if closed > p.closed.Load() {
 		p.closed.Store(closed)
 		p.soon.Closed(closed)
-		p.leaderSoon.Closed(closed)
 	}
 	p.notifyProgress()
 	p.lagGauge.Set(float64(p.revs.Current() - closed))
@@ -565,11 +559,10 @@ func (p *Partition) RequestClose(rev int64) {
 	}
 }
 
-// RequestCloseSoon is RequestClose for the watch frontier: the leader
-// proposes a close, and a follower forwards the request to the leader, as
-// their CloseSoon decides (at once if the partition is idle, else only if
-// the partition's writes do not close rev within a short wait). Readers
-// waiting on a revision use RequestClose (WaitClosed does).
+// RequestCloseSoon is RequestClose for the watch frontier: on a follower
+// the request goes to the leader as CloseSoon decides (at once if the
+// partition is idle, else only if its closed revision stops moving below
+// rev). Readers waiting on a revision use RequestClose (WaitClosed does).
 func (p *Partition) RequestCloseSoon(rev int64) {
 	p.revs.Observe(rev)
 	if p.closed.Load() >= rev {
@@ -578,14 +571,11 @@ func (p *Partition) RequestCloseSoon(rev int64) {
 	p.prop.Lock()
 	ready := p.prop.ready
 	p.prop.Unlock()
-	switch {
-	case ready:
-		p.leaderSoon.Request(rev)
-	case p.forwardClose == nil:
+	if ready || p.forwardClose == nil {
 		p.RequestClose(rev)
-	default:
-		p.soon.Request(rev)
+		return
 	}
+	p.soon.Request(rev)
 }
 
 // closeCandidateLocked is the highest revision the leader can promise
