@@ -356,19 +356,18 @@ func (h *gateHandler) ServeFeed(grpc.ServerStream) error { return nil }
 
 // TestDrainWaitsForCallsUnderWay checks the drain a stopping node runs
 // before closing its peer connections: it does not return while a call
-// (streamed or unary) is under way, returns once each is answered, and
-// the callers have their real answers (a forwarded write is not failed as
-// "leader changed" because its node stopped). A stream that breaks with
-// calls under way does not hold the drain.
+// (streamed or unary) is under way, returns once each is answered and the
+// Calls streams ended, and the callers have their real answers (a
+// forwarded write is not failed as "leader changed" because its node
+// stopped). A call sent once the drain began is not executed, and its
+// caller learns that it was not (it may retry it elsewhere). A stream that
+// breaks with calls under way does not hold the drain.
 func TestDrainWaitsForCallsUnderWay(t *testing.T) {
 	h := &gateHandler{started: make(chan struct{}, 4), release: make(chan struct{})}
 	is := newInternalServer(h)
-	c, srv := serveInternalServer(t, is, &internalServiceDesc)
+	c, _ := serveInternalServer(t, is, &internalServiceDesc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := is.drain(ctx); err != nil {
-		t.Fatalf("drain with nothing under way: %v", err)
-	}
 	answers := make(chan string, 2)
 	for _, op := range []Op{OpPut, OpScan} { // streamed, unary
 		go func() {
@@ -382,16 +381,45 @@ func TestDrainWaitsForCallsUnderWay(t *testing.T) {
 	if err := is.drain(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("drain with two calls under way: %v, want it to wait until its deadline", err)
 	}
+	// The drain began: a new call is not executed (its stream ends once
+	// the calls under way are answered).
+	late := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, 1, &CallRequest{Op: OpPut, Args: []byte("late")})
+		late <- err
+	}()
 	drained := make(chan error, 1)
 	go func() { drained <- is.drain(ctx) }()
 	close(h.release)
 	if err := <-drained; err != nil {
 		t.Fatalf("drain after the calls were answered: %v", err)
 	}
+	var un *unavailableError
+	if err := <-late; !errors.As(err, &un) || !un.notSent {
+		t.Fatalf("call after the drain began: %v, want unavailable, not sent", err)
+	}
 	got := []string{<-answers, <-answers}
 	slices.Sort(got)
 	if want := []string{"done:" + OpPut.String() + " <nil>", "done:" + OpScan.String() + " <nil>"}; !slices.Equal(got, want) {
 		t.Fatalf("answers %q, want %q", got, want)
+	}
+	select {
+	case <-h.started:
+		t.Fatal("a call sent after the drain began was executed")
+	default:
+	}
+
+	// A node with nothing under way drains at once, its open stream
+	// included.
+	h1 := &gateHandler{started: make(chan struct{}, 1), release: make(chan struct{})}
+	close(h1.release)
+	is1 := newInternalServer(h1)
+	c1, _ := serveInternalServer(t, is1, &internalServiceDesc)
+	if _, err := c1.Call(ctx, 1, &CallRequest{Op: OpPut}); err != nil {
+		t.Fatal(err)
+	}
+	if err := is1.drain(ctx); err != nil {
+		t.Fatalf("drain with nothing under way: %v", err)
 	}
 
 	// A call whose stream breaks does not hold the drain.
@@ -405,5 +433,4 @@ func TestDrainWaitsForCallsUnderWay(t *testing.T) {
 		t.Fatalf("drain after the stream broke: %v", err)
 	}
 	close(h2.release)
-	srv.Stop()
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brainkv/brain/internal/peerconn"
@@ -213,10 +214,14 @@ var errCodes = []error{
 }
 
 const (
-	codeNotLeader errCode = 1
-	codeCross     errCode = 200
-	codeOther     errCode = 255
+	codeNotLeader   errCode = 1
+	codeCross       errCode = 200
+	codeFateUnknown errCode = 201 // a re-sent call's fate is unknown (callsession.go)
+	codeOther       errCode = 255
 )
+
+// errFateUnknown: the node cannot tell whether a re-sent call executed.
+var errFateUnknown = errors.New("kvapi: the node does not know what became of the call")
 
 func toCode(err error) (errCode, string) {
 	var cross *CrossPartitionError
@@ -247,6 +252,8 @@ func fromCode(r *CallResponse) error {
 		return &NotLeaderError{Leader: r.Leader}
 	case r.Code == codeCross:
 		return &CrossPartitionError{message: r.Msg}
+	case r.Code == codeFateUnknown:
+		return &unavailableError{err: errFateUnknown}
 	case int(r.Code) < len(errCodes):
 		return errCodes[r.Code]
 	}
@@ -315,7 +322,7 @@ func RegisterInternalService(s *grpc.Server, h Handler) (drain func(ctx context.
 }
 
 func newInternalServer(h Handler) *internalServer {
-	return &internalServer{Handler: h, calls: workers.New(256, 10*time.Second)}
+	return &internalServer{Handler: h, calls: workers.New(256, 10*time.Second), sessions: newCallSessions(), stopc: make(chan struct{})}
 }
 
 // internalServer is what one node serves its internal service with.
@@ -324,9 +331,18 @@ type internalServer struct {
 	// calls run the calls of every Calls stream the node serves, on
 	// goroutines whose stacks stay grown from call to call.
 	calls *workers.Pool
+	// sessions: what the node remembers of its callers' broken streams.
+	sessions *callSessions
+
+	// stopping is set, and stopc closed, when the drain begins: Calls
+	// streams execute nothing more and end once they answered what they
+	// received.
+	stopping atomic.Bool
+	stopc    chan struct{}
+	stopOnce sync.Once
 
 	mu       sync.Mutex
-	inflight int           // calls received and not yet answered; protected by mu
+	inflight int           // calls received and not yet answered, and open Calls streams; protected by mu
 	idle     chan struct{} // closed when inflight is 0 after drain began; protected by mu
 }
 
@@ -351,8 +367,15 @@ func (is *internalServer) end(n int) {
 	is.mu.Unlock()
 }
 
-// drain waits until no call is under way, or ctx ends (its error).
+// drain stops the service taking calls and waits until no call is under
+// way and every Calls stream ended, or ctx ends (its error). A Calls
+// stream ends cleanly once it sent the answers of the calls it received,
+// so its caller knows that a call still unanswered was not executed.
 func (is *internalServer) drain(ctx context.Context) error {
+	is.stopOnce.Do(func() {
+		is.stopping.Store(true)
+		close(is.stopc)
+	})
 	is.mu.Lock()
 	if is.inflight == 0 {
 		is.mu.Unlock()
@@ -381,6 +404,12 @@ type Client struct {
 	// had been sent (a write that had may have executed: its client is
 	// answered "leader changed").
 	broken *prometheus.CounterVec
+	// resent counts calls re-sent after their stream broke, by outcome.
+	resent *prometheus.CounterVec
+	// session names this client's Calls streams; ids numbers their calls
+	// (see callsession.go).
+	session uint64
+	ids     atomic.Uint64
 
 	mu    sync.Mutex
 	muxes map[uint64]*callMux         // Calls stream per node; protected by mu
@@ -394,24 +423,34 @@ func NewClient(conns *peerconn.Pool, log *slog.Logger) *Client {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Client{conns: conns, log: log, muxes: make(map[uint64]*callMux), old: make(map[uint64]*grpc.ClientConn)}
+	c := &Client{conns: conns, log: log, session: randomID(), muxes: make(map[uint64]*callMux), old: make(map[uint64]*grpc.ClientConn)}
 	c.broken = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "brain_internal_calls_broken_total",
 		Help: "Calls to other nodes failed by a broken connection or stream, by whether they had been sent (sent writes may have executed: their clients get \"leader changed\").",
 	}, []string{"sent"})
 	c.broken.WithLabelValues("true")
 	c.broken.WithLabelValues("false")
+	c.resent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "brain_internal_calls_resent_total",
+		Help: "Calls re-sent to their node after the stream that carried them broke, by outcome: answered (executed there, or first), unknown (the node could not tell whether it executed: answered as a broken call), failed (no new stream to the node in time).",
+	}, []string{"outcome"})
+	for _, o := range []string{"answered", "unknown", "failed"} {
+		c.resent.WithLabelValues(o)
+	}
 	return c
 }
 
 // Collectors returns the client's metrics.
-func (c *Client) Collectors() []prometheus.Collector { return []prometheus.Collector{c.broken} }
+func (c *Client) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.broken, c.resent}
+}
 
-// streamBroke accounts for the calls a broken Calls stream to node failed.
+// streamBroke logs a broken Calls stream to node and counts the calls it
+// failed before they were sent (those sent are re-sent, and counted if
+// that fails).
 func (c *Client) streamBroke(node uint64, sent, unsent int, err error) {
-	c.broken.WithLabelValues("true").Add(float64(sent))
 	c.broken.WithLabelValues("false").Add(float64(unsent))
-	c.log.Warn("the calls stream to a node broke with calls under way", "node", strconv.FormatUint(node, 16), "sent", sent, "unsent", unsent, "err", err)
+	c.log.Warn("the calls stream to a node broke with calls under way; the calls it had sent are sent again", "node", strconv.FormatUint(node, 16), "sent", sent, "unsent", unsent, "err", err)
 }
 
 func (c *Client) conn(node uint64) (*grpc.ClientConn, error) {
@@ -436,6 +475,17 @@ func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byt
 		}
 		if m != nil {
 			res, err := m.call(ctx, req)
+			for attempt := 0; ; attempt++ {
+				var lost *lostCall
+				if !errors.As(err, &lost) {
+					break
+				}
+				res, err = c.resend(ctx, lost, attempt)
+			}
+			var un *unavailableError
+			if errors.As(err, &un) && !un.notSent && ctx.Err() == nil {
+				c.broken.WithLabelValues("true").Inc()
+			}
 			if !errors.Is(err, errCallsUnsupported) {
 				return res, err
 			}
@@ -455,6 +505,52 @@ func (c *Client) Call(ctx context.Context, node uint64, req *CallRequest) ([]byt
 	return resp.Result, fromCode(&resp)
 }
 
+// maxResends bounds how many new streams a lost call is re-sent on.
+const maxResends = 3
+
+// resend re-sends a call its broken stream had carried on a new stream to
+// its node (callsession.go); the call fails as sent (it may have executed)
+// if the node restarted meanwhile, cannot be reached, or cannot tell.
+func (c *Client) resend(ctx context.Context, lost *lostCall, attempt int) ([]byte, error) {
+	fail := func(outcome string) ([]byte, error) {
+		c.resent.WithLabelValues(outcome).Inc()
+		return nil, &unavailableError{node: lost.node, err: lost.cause}
+	}
+	if attempt >= maxResends || ctx.Err() != nil {
+		return fail("failed")
+	}
+	conn, err := c.conn(lost.node)
+	if err != nil {
+		return fail("failed")
+	}
+	m, err := c.mux(lost.node, conn)
+	if err != nil || m == nil {
+		return fail("failed")
+	}
+	select {
+	case <-m.ready:
+	case <-ctx.Done():
+		return fail("failed")
+	}
+	m.mu.Lock()
+	inc := m.incarnation
+	m.mu.Unlock()
+	if inc != lost.incarnation {
+		return fail("unknown") // the node restarted: what it had is gone
+	}
+	res, err := m.resend(ctx, lost)
+	var again *lostCall
+	var un *unavailableError
+	switch {
+	case errors.As(err, &again):
+	case errors.As(err, &un) && !un.notSent && errors.Is(err, lost.cause):
+		c.resent.WithLabelValues("unknown").Inc()
+	default:
+		c.resent.WithLabelValues("answered").Inc()
+	}
+	return res, err
+}
+
 // mux returns the Calls stream to node over conn, opening one if there is
 // none or it broke; nil if calls to node go unary.
 func (c *Client) mux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
@@ -466,7 +562,7 @@ func (c *Client) mux(node uint64, conn *grpc.ClientConn) (*callMux, error) {
 	if m := c.muxes[node]; m != nil && m.conn == conn && !m.broken() {
 		return m, nil
 	}
-	m, err := openCallMux(node, conn, func(sent, unsent int, err error) { c.streamBroke(node, sent, unsent, err) })
+	m, err := openCallMux(node, conn, c.session, &c.ids, func(sent, unsent int, err error) { c.streamBroke(node, sent, unsent, err) })
 	if err != nil {
 		return nil, err
 	}

@@ -1100,7 +1100,17 @@ func (s *Server) Stop() {
 			cancel()
 		}
 		if s.peerGRPC != nil {
-			s.peerGRPC.Stop()
+			// Gracefully, for a moment: the answers and the clean ends of
+			// the Calls streams drained above are written out before the
+			// connections close (Stop drops what is queued). The raft and
+			// feed streams do not end by themselves: Stop ends them.
+			done := make(chan struct{})
+			go func() { s.peerGRPC.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(peerFlushWait):
+				s.peerGRPC.Stop()
+			}
 		}
 		s.closeListeners()
 		s.wg.Wait()
@@ -1108,6 +1118,10 @@ func (s *Server) Stop() {
 		s.log.Info("brain node stopped")
 	})
 }
+
+// peerFlushWait is how long a stopping node's peer server stops gracefully
+// before it closes what is still open.
+const peerFlushWait = 300 * time.Millisecond
 
 func (s *Server) closeListeners() {
 	for _, l := range s.listeners {
