@@ -480,13 +480,26 @@ rolling_restart() {
     done
   ) >"$work/roll.txt" 2>&1 &
   local loadpid=$!
+  # Every second, each node whose watch frontier has held events back for
+  # over 2 s (brain_watch_oldest_held_seconds): the diagnostics show them.
+  (
+    while [ ! -f "$work/roll.stop" ]; do
+      for n in "${NODES[@]}"; do
+        v=$(curl "${CURLTLS[@]}" -s -m 1 "$SCHEME://127.0.0.1:${CPORT[$n]}/metrics" 2>/dev/null | awk '/^brain_watch_oldest_held_seconds/ {print $2}')
+        if [ -n "$v" ] && awk -v v="$v" 'BEGIN {exit !(v > 2)}'; then echo "[$(ts)] $n frontier holding events for ${v}s" >>"$work/phases.txt"; fi
+      done
+      sleep 1
+    done
+  ) &
+  local samplerpid=$!
   sleep 2
   for n in "${NODES[@]}"; do
     started=$SECONDS
     stop_pid "${PID[$n]}" "brain $n"; wait "${PID[$n]}" 2>/dev/null
-    log "stopped brain $n in $((SECONDS - started))s"
+    log "stopped brain $n in $((SECONDS - started))s"; echo "[$(ts)] $n stopped" >>"$work/phases.txt"
     start_node "$n"
     started=$SECONDS
+    echo "[$(ts)] $n started" >>"$work/phases.txt"
     if wait_health "$n" 30; then pass "rolling restart: $n healthy again within $((SECONDS - started))s"; else fail "rolling restart: $n not healthy 30s after its start"; fi
     sleep 3 # the node takes its leaderships back; the load runs on
   done
@@ -500,18 +513,21 @@ rolling_restart() {
   i=0
   for n in "${NODES[@]}"; do
     i=$((i + 1))
-    log "pausing brain $n for $((3 + i % 4))s"
+    log "pausing brain $n for $((3 + i % 4))s"; echo "[$(ts)] $n paused for $((3 + i % 4))s" >>"$work/phases.txt"
     kill -STOP "${PID[$n]}"; sleep $((3 + i % 4)); kill -CONT "${PID[$n]}"
     sleep 3
   done
-  touch "$work/roll.stop"; wait "$loadpid"
+  touch "$work/roll.stop"; wait "$loadpid" "$samplerpid"
   ops=$(grep -c '^ok ' "$work/roll.txt")
   failures=$(head -n "$paused_from" "$work/roll.txt" | grep -c '^FAIL ')
   if [ "$failures" = 0 ] && [ "$ops" -gt 10 ]; then pass "kubectl kept succeeding through the rolling restart ($ops create+get rounds in all)"; else fail "kubectl failed $failures rounds during the rolling restart: $(head -n "$paused_from" "$work/roll.txt" | grep -m3 '^FAIL ' | tr '\n' ';')"; fi
   out=$(tail -n +$((paused_from + 1)) "$work/roll.txt" | grep '^FAIL ' | grep -viE 'timed out|deadline|timeout' | head -3)
   if [ -z "$out" ]; then pass "kubectl failed nothing during the pauses but requests that timed out on the paused node ($(tail -n +$((paused_from + 1)) "$work/roll.txt" | grep -c '^FAIL ') timed out)"; else fail "kubectl during the pauses: $(tr '\n' ';' <<<"$out")"; fi
   after=$(metric '^apiserver_watch_cache_initializations_total' | awk '{s+=$2} END {print s+0}')
-  if [ "$before" = "$after" ]; then pass "no watch cache re-listed during the rolling restart (apiserver_watch_cache_initializations_total $after)"; else fail "kube-apiserver's watch caches were initialized again (re-listed) during the rolling restart: apiserver_watch_cache_initializations_total $before -> $after"; fi
+  if [ "$before" = "$after" ]; then pass "no watch cache re-listed during the rolling restart (apiserver_watch_cache_initializations_total $after)"; else
+    fail "kube-apiserver's watch caches were initialized again (re-listed) during the rolling restart: apiserver_watch_cache_initializations_total $before -> $after"
+    roll_diagnostics "$apiline"
+  fi
   out=$(tail -n +$((apiline + 1)) "$work/kube-apiserver.log" | grep -E 'no leader|watch ended with error|watch of .* ended with:|watch chan error' | head -5)
   if [ -z "$out" ]; then pass "kube-apiserver logged no 'no leader' and no watch that ended with an error during the rolling restart"; else fail "kube-apiserver during the rolling restart: $out"; fi
   local nl=0 v
@@ -520,6 +536,23 @@ rolling_restart() {
     nl=$((nl + ${v%.*}))
   done
   if [ "$nl" = 0 ]; then pass "no brain node refused or cancelled a request or stream for want of a leader (brain_no_leader_total)"; else fail "brain answered 'no leader' $nl times during the rolling restart (brain_no_leader_total)"; fi
+}
+
+# roll_diagnostics APILINE: what explains watches that ended during the
+# rolling restart (CI shows only the output): the phase log, each brain
+# node's watch counters, and the first kube-apiserver and brain warnings.
+roll_diagnostics() {
+  local n
+  log "diagnostics: phases"; sed 's/^/    /' "$work/phases.txt"
+  for n in "${NODES[@]}"; do
+    log "diagnostics: brain $n watch counters"
+    curl "${CURLTLS[@]}" -s -m 5 "$SCHEME://127.0.0.1:${CPORT[$n]}/metrics" |
+      grep -E '^brain_(watch_slow_cancellations|watch_storage_catchup|watch_storage_catchups|watch_feed_paused_drops|watch_frontier_revision|watch_oldest_held|watch_partition_closed|no_leader|internal_calls_(broken|resent))' | sed 's/^/    /'
+    log "diagnostics: brain $n warnings (first 15)"
+    grep -E '"level":"(WARN|ERROR)"' "$work/$n.log" | head -15 | cut -c1-400 | sed 's/^/    /'
+  done
+  log "diagnostics: kube-apiserver watch errors (first 10)"
+  tail -n +$(($1 + 1)) "$work/kube-apiserver.log" | grep -E 'watch|compacted' | head -10 | cut -c1-300 | sed 's/^/    /'
 }
 
 # use_given_kube: KBIN and KVER from --kube-apiserver (and --kubectl).
