@@ -3,9 +3,11 @@ package partition
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"github.com/brainkv/brain/raftgroup"
 	"github.com/cockroachdb/pebble/v2"
 )
 
@@ -96,7 +98,15 @@ func (g *gcState) run() {
 			continue
 		}
 		if err := g.p.collect(target); err != nil {
-			g.p.log.Error("compaction garbage collection failed; will retry", "rev", target, "err", err)
+			if errors.Is(err, raftgroup.ErrNotLeader) || errors.Is(err, raftgroup.ErrLeaderChanged) || errors.Is(err, raftgroup.ErrStopped) {
+				// The leadership moved while this replica purged deleted
+				// keys' index records (cmdPurge): the retry collects as a
+				// follower, and whoever leads at the next compaction purges
+				// what is left (every compaction scans every key).
+				g.p.log.Info("compaction garbage collection stopped purging: the leadership moved; will retry", "rev", target, "err", err)
+			} else {
+				g.p.log.Error("compaction garbage collection failed; will retry", "rev", target, "err", err)
+			}
 			select {
 			case <-g.stopc:
 				return
