@@ -228,12 +228,14 @@ func toCode(err error) (errCode, string) {
 	if errors.As(err, &cross) {
 		return codeCross, cross.Error()
 	}
-	for _, notLeader := range []error{partition.ErrNotLeader, raftgroup.ErrNotLeader, tso.ErrNotLeader, meta.ErrNotLeader} {
+	// A meta command from a stale leader term was refused when it applied:
+	// not executed, like one sent to a node that does not lead.
+	for _, notLeader := range []error{partition.ErrNotLeader, raftgroup.ErrNotLeader, tso.ErrNotLeader, meta.ErrNotLeader, meta.ErrStaleTerm} {
 		if errors.Is(err, notLeader) {
 			return codeNotLeader, err.Error()
 		}
 	}
-	if errors.Is(err, raftgroup.ErrLeaderChanged) || errors.Is(err, meta.ErrStaleTerm) {
+	if errors.Is(err, raftgroup.ErrLeaderChanged) {
 		return 2, err.Error()
 	}
 	for i, e := range errCodes {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/brainkv/brain/internal/peerconn"
 	"github.com/brainkv/brain/internal/rpccodec"
+	"github.com/brainkv/brain/meta"
 	"github.com/brainkv/brain/partition"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -56,6 +57,11 @@ func TestErrorCodesRoundTrip(t *testing.T) {
 		if !errors.Is(got, want) {
 			t.Errorf("%v came back as %v (code %d)", want, got, code)
 		}
+	}
+	// A meta command refused for its stale term was not executed: the
+	// caller retries it at the leader, as for "not leader".
+	if code, _ := toCode(fmt.Errorf("wrapped: %w", meta.ErrStaleTerm)); code != codeNotLeader || !isNotLeader(meta.ErrStaleTerm) {
+		t.Errorf("meta.ErrStaleTerm has code %d, want not leader (%d)", code, codeNotLeader)
 	}
 }
 

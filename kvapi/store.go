@@ -952,8 +952,10 @@ func (s *Store) metaCall(ctx context.Context, op Op, local func() error, args []
 			if !s.meta.IsLeader() {
 				return false, nil
 			}
+			// Not executed: retried at the leader (ErrStaleTerm: the
+			// leadership moved before the command applied).
 			err := local()
-			return !errors.Is(err, meta.ErrNotLeader), err
+			return !errors.Is(err, meta.ErrNotLeader) && !errors.Is(err, meta.ErrStaleTerm), err
 		},
 		func() ([]byte, error) { return args, nil }, decode)
 }

@@ -114,7 +114,22 @@ func (m *Meta) proposePayload(ctx context.Context, kind byte, payload []byte) (r
 	b := append(raftgroup.NewCommand(9+len(payload)), kind)
 	b = binary.BigEndian.AppendUint64(b, term)
 	b = append(b, payload...)
-	res, err := g.Propose(ctx, b)
+	// With its fate: a command in flight when the leadership moves (a
+	// planned transfer) gets its result if the next leader commits it, and
+	// ErrNotLeader (not executed: the caller retries at the leader) if it
+	// never will; "leader changed" only if this replica is cut off.
+	done := make(chan struct{})
+	var res any
+	var err error
+	g.ProposeAsyncFate(b, func(r any, e error) {
+		res, err = r, e
+		close(done)
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return result{}, ctx.Err()
+	}
 	if errors.Is(err, raftgroup.ErrNotLeader) {
 		return result{}, ErrNotLeader
 	}
