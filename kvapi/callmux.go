@@ -467,9 +467,6 @@ func (m *callMux) fail(err error) {
 type callsStream struct {
 	is   *internalServer
 	sess *callSession // nil: the caller has no session (an older version)
-	// cancel ends the stream's context: its calls without a deadline, and
-	// (without a session) all of them.
-	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	q       sendQueue               // answers to send; guarded by mu
@@ -543,7 +540,7 @@ func (is *internalServer) serveCalls(stream grpc.ServerStream) error {
 	}
 	ctx, cancelAll := context.WithCancel(stream.Context())
 	defer cancelAll()
-	st := &callsStream{is: is, cancel: cancelAll, running: make(map[uint64]*runningCall)}
+	st := &callsStream{is: is, running: make(map[uint64]*runningCall)}
 	st.q = newSendQueue(&st.mu)
 	if id := sessionOf(ctx); id != 0 {
 		st.sess = is.sessions.attach(id, st)
@@ -672,14 +669,21 @@ func (st *callsStream) receive(ctx context.Context, e callEntry) error {
 	return nil
 }
 
-// answer queues an answer that no call of the stream owes (one for a
-// re-sent call).
+// answer queues the answer to a re-sent call that the stream does not
+// execute, counted as owed like a call's (send takes it off).
 func (st *callsStream) answer(id uint64, body []byte) {
+	st.is.begin(1) // before send can take it off
 	st.mu.Lock()
-	if !st.ended {
+	queued := !st.ended
+	if queued {
 		st.q.out = append(st.q.out, callEntry{kind: callEntryResponse, id: id, body: body})
+		st.owed++
 	}
 	st.mu.Unlock()
+	if !queued {
+		st.is.end(1)
+		return
+	}
 	st.q.signal()
 }
 

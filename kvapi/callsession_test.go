@@ -192,6 +192,23 @@ func TestLostCallsAreResent(t *testing.T) {
 	if got := promtest.ToFloat64(c.broken.WithLabelValues("true")); got != 0 {
 		t.Fatalf("brain_internal_calls_broken_total{sent=\"true\"} = %v, want 0", got)
 	}
+	// The answers to re-sent calls count as owed like any call's: a drain
+	// after them still waits for a call under way and ends the stream only
+	// once it is answered (a clean end says the unanswered were not run).
+	go func() {
+		res, err := c.Call(ctx, 1, &CallRequest{Op: OpPut, Args: []byte("d")})
+		answer <- string(res) + " " + errString(err)
+	}()
+	<-h.started
+	drained := make(chan error, 1)
+	go func() { drained <- is.drain(ctx) }()
+	h.release <- struct{}{}
+	if got := <-answer; got != "done:d <nil>" {
+		t.Fatalf("call under way when the drain began: %q, want its answer", got)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
 }
 
 // TestResendToRestartedNode checks a call lost with its stream is not
